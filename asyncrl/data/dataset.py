@@ -1,0 +1,206 @@
+"""Read and write prompt datasets in the verl layout (parquet or JSONL) as `PromptRow`s.
+
+A row has `data_source` (str, picks the reward function), `prompt` (a list of chat messages
+`{"role", "content"}`), `ability` (str, optional), `reward_model` (a dict/struct with
+`ground_truth` and optionally `style`) and `extra_info` (a dict/struct, optional).
+
+Decisions:
+- `uid` is `f"{split_name}-{extra_info['index']}"` when `extra_info` has an `index`, else
+  `f"{split_name}-{row_index}"`. Duplicate uids are an error (GRPO groups by uid).
+- `ground_truth` is always a str: numbers via `str()`, lists/dicts as JSON.
+- JSONL may give `prompt` as a plain string: it becomes one user message (handy for hand-written
+  files). Parquet must use the verl message list: a string there usually means a different,
+  pre-templated layout, and templating it twice would be silently wrong.
+- Parquet cannot tell a missing struct key from a null one, so `None` values in `extra_info`
+  are dropped on load.
+
+Malformed rows raise `DataError` naming the file, the 0-based row and the field. Tokenization
+lives in `tokenize.py`; this module does not touch tokenizers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from asyncrl.errors import DataError
+from asyncrl.types import PromptRow
+
+_MESSAGES_HINT = "must be a list of {role, content} messages"
+
+
+def load_rows(path: str, split_name: str = "train") -> list[PromptRow]:
+    """Load every row of a verl-layout `.parquet` or `.jsonl` file."""
+    if not os.path.exists(path):
+        raise DataError(f"data file not found: {path} (check data.train_files / data.val_files)")
+    records = _read_records(path)
+    rows = [_to_row(rec, path, i, split_name) for i, rec in enumerate(records)]
+    _check_unique_uids(rows, path)
+    return rows
+
+
+def _read_records(path: str) -> list[dict[str, Any]]:
+    if path.endswith(".parquet"):
+        return _read_parquet(path)
+    if path.endswith(".jsonl"):
+        return _read_jsonl(path)
+    raise DataError(f"{path}: unsupported data file type (expected .parquet or .jsonl)")
+
+
+def _read_parquet(path: str) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a corrupt file
+        raise DataError(f"{path}: cannot read parquet file: {exc}") from exc
+    for column in ("data_source", "prompt", "reward_model"):
+        if column not in table.column_names:
+            raise DataError(f"{path}: missing column '{column}' (have {table.column_names})")
+    records: list[dict[str, Any]] = table.to_pylist()
+    for rec in records:
+        rec["__format__"] = "parquet"
+    return records
+
+
+def _read_jsonl(path: str) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path} row {len(records)} (0-based, line {line_no})"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: invalid JSON: {exc}") from exc
+            if not isinstance(rec, dict):
+                raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            rec["__format__"] = "jsonl"
+            records.append(rec)
+    return records
+
+
+def _to_row(rec: dict[str, Any], path: str, index: int, split_name: str) -> PromptRow:
+    where = f"{path} row {index} (0-based)"
+    data_source = rec.get("data_source")
+    if not isinstance(data_source, str) or not data_source:
+        raise DataError(f"{where}: field 'data_source' must be a non-empty str, got {_tname(data_source)}")
+    messages = _messages(rec.get("prompt"), where, allow_str=rec["__format__"] == "jsonl")
+    ability = rec.get("ability") or ""
+    if not isinstance(ability, str):
+        raise DataError(f"{where}: field 'ability' must be a str, got {_tname(ability)}")
+    extra_info = _extra_info(rec.get("extra_info"), where)
+    uid_index = extra_info.get("index", index)
+    return PromptRow(
+        uid=f"{split_name}-{uid_index}",
+        data_source=data_source,
+        messages=messages,
+        ground_truth=_ground_truth(rec.get("reward_model"), where),
+        ability=ability,
+        extra_info=extra_info,
+    )
+
+
+def _messages(prompt: Any, where: str, *, allow_str: bool) -> tuple[dict[str, str], ...]:
+    if allow_str and isinstance(prompt, str):
+        return ({"role": "user", "content": prompt},)
+    if not isinstance(prompt, list) or not prompt:
+        got = "an empty list" if prompt == [] else _tname(prompt)
+        raise DataError(f"{where}: field 'prompt' {_MESSAGES_HINT}, got {got}")
+    messages = []
+    for j, msg in enumerate(prompt):
+        ok = isinstance(msg, dict) and isinstance(msg.get("role"), str)
+        if not ok or not isinstance(msg.get("content"), str):
+            raise DataError(f"{where}: field 'prompt[{j}]' {_MESSAGES_HINT}, got {_describe(msg)}")
+        messages.append({"role": msg["role"], "content": msg["content"]})
+    return tuple(messages)
+
+
+def _ground_truth(reward_model: Any, where: str) -> str:
+    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+        raise DataError(
+            f"{where}: field 'reward_model.ground_truth' is missing "
+            f"(reward_model must be a dict with a 'ground_truth' key, got {_describe(reward_model)})"
+        )
+    truth = reward_model["ground_truth"]
+    if isinstance(truth, str):
+        return truth
+    if isinstance(truth, (bool, int, float)):
+        return str(truth)
+    if isinstance(truth, (list, tuple, dict)):
+        return json.dumps(truth)
+    raise DataError(f"{where}: field 'reward_model.ground_truth' has unsupported type {_tname(truth)}")
+
+
+def _extra_info(extra: Any, where: str) -> dict[str, Any]:
+    if extra is None:
+        return {}
+    if isinstance(extra, list) and all(isinstance(kv, tuple) and len(kv) == 2 for kv in extra):
+        extra = dict(extra)  # a parquet map<str, ...> column arrives as (key, value) pairs
+    if not isinstance(extra, dict):
+        raise DataError(f"{where}: field 'extra_info' must be a dict, got {_tname(extra)}")
+    return {k: v for k, v in extra.items() if v is not None}
+
+
+def _check_unique_uids(rows: list[PromptRow], path: str) -> None:
+    seen: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        if row.uid in seen:
+            raise DataError(
+                f"{path} row {i} (0-based): field 'extra_info.index' repeats uid '{row.uid}' "
+                f"of row {seen[row.uid]}; indices must be unique within a file"
+            )
+        seen[row.uid] = i
+
+
+def _tname(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        return f"dict with keys {sorted(value)}"
+    return _tname(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing (the inverse of load_rows; used by the built-in tasks and by tests)
+
+
+def _to_record(row: PromptRow) -> dict[str, Any]:
+    return {
+        "data_source": row.data_source,
+        "prompt": [{"role": m["role"], "content": m["content"]} for m in row.messages],
+        "ability": row.ability,
+        "reward_model": {"ground_truth": row.ground_truth, "style": "rule"},
+        "extra_info": dict(row.extra_info),
+    }
+
+
+def write_parquet(rows: list[PromptRow], path: str) -> None:
+    """Write rows in the verl parquet layout (`extra_info` as a struct column)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _make_parent(path)
+    records = [_to_record(r) for r in rows]
+    if all(not rec["extra_info"] for rec in records):
+        for rec in records:
+            rec["extra_info"] = None  # an empty struct type is not writable
+    pq.write_table(pa.Table.from_pylist(records), path)
+
+
+def write_jsonl(rows: list[PromptRow], path: str) -> None:
+    """Write rows as JSONL, one verl-layout object per line."""
+    _make_parent(path)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(_to_record(row)) + "\n")
+
+
+def _make_parent(path: str) -> None:
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)

@@ -1,0 +1,31 @@
+"""The exceptions asyncrl raises at the outside world.
+
+Each subclasses the stdlib exception a caller would expect (so `except ValueError` still works)
+and is picklable, so it crosses a Ray boundary intact. Programmer errors stay `assert`s.
+"""
+
+from __future__ import annotations
+
+
+class AsyncRLError(Exception):
+    """Base of every asyncrl error."""
+
+
+class ConfigError(AsyncRLError, ValueError):
+    """A configuration value is missing, mistyped or inconsistent; the message names the key."""
+
+
+class DataError(AsyncRLError, ValueError):
+    """A dataset row is malformed; the message names the file, the row and the field."""
+
+
+class RolloutError(AsyncRLError, RuntimeError):
+    """A rollout engine failed or was asked for something it cannot do."""
+
+
+class RewardTimeout(AsyncRLError, TimeoutError):
+    """A reward function ran past its time limit (turned into a score-0 result, never raised out)."""
+
+
+class SyncError(AsyncRLError, RuntimeError):
+    """A weight sync failed or the engine's weights do not match what the trainer sent."""

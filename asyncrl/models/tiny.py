@@ -1,0 +1,152 @@
+"""The built-in tiny model: a character tokenizer and a small Qwen2, warmed up by SFT.
+
+`load_tiny(cache_dir)` returns (model, tokenizer) from the user's cache, building it when
+missing: random init, then a short supervised pass on the built-in arithmetic task that stops
+once sampled accuracy reaches `target_accuracy`, so RL starts from a non-zero but clearly
+improvable reward. It is for demos, tests and benchmarks on CPU, not a useful language model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+
+from asyncrl.data import make_task
+from asyncrl.models.tokenizer import build_char_tokenizer
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Size and warm-up of the tiny model; its hash names the cache directory."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    max_positions: int = 512
+    max_operand: int = 19
+    warmup_max_steps: int = 600
+    warmup_batch: int = 64
+    warmup_lr: float = 1e-3
+    target_accuracy: float = 0.15
+    seed: int = 0
+
+    def key(self) -> str:
+        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        return f"tiny-{digest[:12]}"
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("ASYNCRL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "asyncrl")
+    return Path(root)
+
+
+def build_model(spec: TinySpec, vocab_size: int, pad_id: int, eos_id: int) -> Qwen2ForCausalLM:
+    torch.manual_seed(spec.seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        intermediate_size=spec.intermediate_size, max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=None)
+    return Qwen2ForCausalLM(config)
+
+
+def arithmetic_examples(n: int, max_operand: int, seed: int) -> list[tuple[str, str]]:
+    """(question, answer) pairs from the built-in arithmetic task's train split only, so the
+    held-out split stays unseen."""
+    rows = make_task("arithmetic", n, seed=seed, split="train", high=max_operand)
+    return [(r.messages[0]["content"], r.ground_truth) for r in rows]
+
+
+def encode_sft(tok: PreTrainedTokenizerBase, pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and labels (-100 outside the answer and its end token)."""
+    rows, labels = [], []
+    for question, answer in pairs:
+        prompt = _chat_ids(tok, question)
+        target = tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
+        rows.append(prompt + target)
+        labels.append([-100] * len(prompt) + target)
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    lab = torch.full((len(rows), width), -100)
+    for i, (r, l) in enumerate(zip(rows, labels)):
+        ids[i, : len(r)] = torch.tensor(r)
+        lab[i, : len(l)] = torch.tensor(l)
+    return ids, lab
+
+
+def _chat_ids(tok: PreTrainedTokenizerBase, question: str) -> list[int]:
+    out = tok.apply_chat_template([{"role": "user", "content": question}],
+                                  add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+@torch.no_grad()
+def sampled_accuracy(model: PreTrainedModel, tok: PreTrainedTokenizerBase,
+                     pairs: Sequence[tuple[str, str]], temperature: float = 1.0) -> float:
+    """Fraction of questions answered exactly, one sample each (HF generate, left padding)."""
+    tok.padding_side = "left"
+    prompts = [_chat_ids(tok, q) for q, _ in pairs]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = (ids != tok.pad_token_id).long()
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6,
+                         do_sample=temperature > 0, temperature=temperature or None, top_k=0,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
+    return sum(t.strip() == a for t, (_, a) in zip(texts, pairs)) / len(pairs)
+
+
+def warm_up(model: PreTrainedModel, tok: PreTrainedTokenizerBase, spec: TinySpec,
+            log: Callable[[str], None] = print) -> dict[str, float]:
+    """SFT on arithmetic until sampled accuracy reaches spec.target_accuracy (or max steps)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr, weight_decay=0.0)
+    probe = arithmetic_examples(128, spec.max_operand, seed=spec.seed + 10_000)
+    start, acc, step = time.perf_counter(), 0.0, 0
+    for step in range(1, spec.warmup_max_steps + 1):
+        model.train()
+        ids, labels = encode_sft(tok, arithmetic_examples(spec.warmup_batch, spec.max_operand, spec.seed + step))
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 25 == 0:
+            model.eval()
+            acc = sampled_accuracy(model, tok, probe)
+            log(f"tiny warm-up step {step}: loss {loss.item():.3f}, sampled accuracy {acc:.2f}")
+            if acc >= spec.target_accuracy:
+                break
+    return {"steps": float(step), "accuracy": acc, "seconds": time.perf_counter() - start}
+
+
+def load_tiny(cache_dir: Path | None = None, spec: TinySpec = TinySpec(), rebuild: bool = False,
+              log: Callable[[str], None] = print) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The cached tiny model, built and warmed up on first use."""
+    path = (cache_dir or default_cache_dir()) / spec.key()
+    if (path / "config.json").exists() and not rebuild:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    log(f"building the tiny model in {path} (one time)")
+    tok = build_char_tokenizer()
+    model = build_model(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
+    report = warm_up(model, tok, spec, log)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "warmup.json").write_text(json.dumps(report))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.replace(path)
+    model.eval()
+    return model, tok

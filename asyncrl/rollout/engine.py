@@ -1,0 +1,326 @@
+"""TorchEngine: a continuous-batching rollout engine for HF Llama/Qwen2 models in plain torch.
+
+Threading model::
+
+    event-loop thread (asyncio task `_run`)            step thread (1 worker)
+    ─────────────────────────────────────────          ──────────────────────────────
+    sweep · preempt · admit → StepPlan  ──submit──▶    moves · decode · prefill · sample
+    generate()/abort()/stats() keep running      ◀──   StepResult (plain lists)
+    apply tokens · resolve finished futures
+
+All bookkeeping (queues, sequences, futures) lives in the event-loop thread, so it needs no lock;
+the step thread only sees a frozen `StepPlan`. The model runs only inside `StepRunner.run`,
+which holds `StepRunner.lock`; `load_weights` takes the same lock, so a weight load lands
+between two steps even when called from another thread.
+
+Semantics callers rely on:
+- `generate` resolves as soon as its sequence finishes ("stop" on EOS/stop token, "length" at
+  `max_tokens`, counting a continuation prefix), or when it is aborted: then it resolves to the
+  same partial `Trajectory` (finish_reason "aborted") that `abort`/`abort_all` return.
+- `await pause()` returns once no step is in flight; requests keep their state and new ones
+  queue. `await resume()` continues. Tokens sampled after `load_weights(.., version)` carry
+  `version`.
+- An engine is bound to one event loop at a time; after that loop ends (e.g. `asyncio.run`
+  returns) the next `generate` from a new loop restarts it, with nothing left in flight.
+- Call `generate`/`abort`/`pause`/`resume`/`stats` from the event-loop thread only.
+
+Not here: tokenization, prefix caching, chunked prefill, speculative decoding, tensor parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence as SequenceABC
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import nn
+
+from asyncrl.errors import ConfigError, RolloutError
+from asyncrl.rollout.runner import StepRunner
+from asyncrl.rollout.scheduler import Scheduler, StepPlan, StepResult
+from asyncrl.rollout.sequence import Sequence
+from asyncrl.types import EngineStats, GenerationRequest, Trajectory
+
+_RATE_WINDOW_S = 10.0
+
+
+class TorchEngine:
+    """Continuous-batching generation over a HF causal LM, with async abort/pause/weight load."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        eos_token_id: int | list[int],
+        kv_budget_tokens: int = 32768,
+        max_num_seqs: int = 64,
+        version: int = 0,
+        device: torch.device | str = "cpu",
+        max_prefill_tokens: int = 4096,
+        num_threads: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        for key, value in (("kv_budget_tokens", kv_budget_tokens), ("max_num_seqs", max_num_seqs),
+                           ("max_prefill_tokens", max_prefill_tokens)):
+            if value < 1:
+                raise ConfigError(f"{key} must be >= 1, got {value}")
+        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        self._eos_ids = tuple(int(t) for t in eos)
+        self._runner = StepRunner(
+            model, max_num_seqs=max_num_seqs, device=device, version=version, seed=seed
+        )
+        self._vocab_size = self._runner.forward.vocab_size
+        self._scheduler = Scheduler(max_num_seqs, kv_budget_tokens, max_prefill_tokens)
+        self._kv_budget = kv_budget_tokens
+        self._num_threads = num_threads
+        self._seqs: dict[str, Sequence] = {}
+        self._futures: dict[str, asyncio.Future[Trajectory]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._paused = False
+        self._closed = False
+        self._generated_tokens = 0
+        self._rate: deque[tuple[float, int]] = deque()
+
+    # ---- public API ----
+
+    @property
+    def version(self) -> int:
+        return self._runner.version
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    async def generate(self, request: GenerationRequest) -> Trajectory:
+        """One response for `request`; many calls may be in flight at once."""
+        self._validate(request)
+        seq = Sequence.from_request(request, self._eos_ids)
+        done = seq.finished_by()  # a continuation whose prefix already ends the response
+        if done is not None:
+            return seq.to_trajectory(done)
+        loop = self._ensure_started()
+        future: asyncio.Future[Trajectory] = loop.create_future()
+        self._seqs[request.request_id] = seq
+        self._futures[request.request_id] = future
+        self._scheduler.add(seq)
+        self._wakeup.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._abort_seq(seq)  # the caller gave up: free the slot instead of decoding on
+            raise
+
+    async def generate_many(self, requests: Iterable[GenerationRequest]) -> list[Trajectory]:
+        """All responses, in request order (convenience for sync callers via asyncio.run)."""
+        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
+
+    def abort(self, request_ids: Iterable[str]) -> list[Trajectory]:
+        """Stop these requests; returns their partial trajectories (unknown ids are skipped).
+
+        Each one's pending `generate` resolves to the same trajectory, finish_reason "aborted".
+        A token being computed by the step in flight is discarded.
+        """
+        partials = [self._abort_seq(self._seqs[rid]) for rid in request_ids if rid in self._seqs]
+        if self._idle.is_set():
+            self._scheduler.sweep()
+        self._wakeup.set()
+        return partials
+
+    def abort_all(self) -> list[Trajectory]:
+        return self.abort(list(self._seqs))
+
+    async def pause(self) -> None:
+        """Stop stepping; returns once the step in flight (if any) has been applied."""
+        self._paused = True
+        await self._idle.wait()
+
+    async def resume(self) -> None:
+        self._paused = False
+        self._wakeup.set()
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy `named_tensors` into the model in place and set the version, between steps.
+
+        Safe from any thread (it waits for the step in flight); pause first for a clean cut.
+        On a `SyncError` midway the model is partly updated and the version is unchanged.
+        """
+        self._runner.load_weights(named_tensors, version)
+
+    def stats(self) -> EngineStats:
+        running = sum(1 for s in self._scheduler.running if s.finish_reason is None)
+        return EngineStats(
+            running=running,
+            waiting=len(self._scheduler.waiting),
+            preemptions=self._scheduler.preemptions,
+            kv_used_tokens=self._scheduler.kv_used_tokens,
+            kv_capacity_tokens=self._kv_budget,
+            generated_tokens=self._generated_tokens,
+            tokens_per_s=self._tokens_per_s(),
+            version=self._runner.version,
+        )
+
+    async def aclose(self) -> None:
+        """Abort everything, stop the loop task, wait for the step thread, free the cache."""
+        if self._closed:
+            return
+        self._closed = True
+        self.abort_all()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._executor is not None:
+            await asyncio.to_thread(self._executor.shutdown, True)
+        self._runner.release_cache()
+
+    def close(self) -> None:
+        """Sync shutdown for use after the event loop has finished (or from its thread)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop is not None and not self._loop.is_closed():
+            self.abort_all()
+        if self._task is not None and not self._task.done() and not self._loop.is_closed():
+            self._task.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        self._runner.release_cache()
+
+    # ---- request handling ----
+
+    def _validate(self, request: GenerationRequest) -> None:
+        if self._closed:
+            raise RolloutError("TorchEngine is closed")
+        if request.request_id in self._seqs:
+            raise RolloutError(f"request_id {request.request_id!r} is already in flight")
+        if not request.prompt_ids:
+            raise RolloutError(f"request {request.request_id!r} has an empty prompt")
+        n = len(request.prefix_ids)
+        if len(request.prefix_logprobs) != n or len(request.prefix_versions) != n:
+            raise RolloutError(
+                f"request {request.request_id!r}: prefix_ids, prefix_logprobs and "
+                "prefix_versions must have the same length"
+            )
+        ids = request.prompt_ids + request.prefix_ids
+        if min(ids) < 0 or max(ids) >= self._vocab_size:
+            raise RolloutError(f"request {request.request_id!r} has token ids outside the vocabulary")
+        need = len(request.prompt_ids) + request.params.max_tokens
+        if need > self._kv_budget:
+            raise RolloutError(
+                f"request {request.request_id!r} needs {need} cached tokens (prompt + max_tokens) "
+                f"but kv_budget_tokens is {self._kv_budget}; raise kv_budget_tokens"
+            )
+
+    def _abort_seq(self, seq: Sequence) -> Trajectory:
+        seq.finish_reason = "aborted"
+        self._scheduler.drop_waiting(seq)
+        partial = seq.to_trajectory("aborted")
+        self._resolve(seq, partial)
+        return partial
+
+    def _resolve(self, seq: Sequence, trajectory: Trajectory) -> None:
+        self._seqs.pop(seq.request_id, None)
+        future = self._futures.pop(seq.request_id, None)
+        if future is not None and not future.done() and not future.get_loop().is_closed():
+            future.set_result(trajectory)
+
+    def _fail(self, seq: Sequence, error: BaseException) -> None:
+        seq.finish_reason = "aborted"
+        self._seqs.pop(seq.request_id, None)
+        future = self._futures.pop(seq.request_id, None)
+        if future is not None and not future.done() and not future.get_loop().is_closed():
+            future.set_exception(error)
+
+    # ---- the loop ----
+
+    def _ensure_started(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        alive = self._task is not None and not self._task.done()
+        if alive and self._loop is loop:
+            return loop
+        if alive and not self._loop.is_closed():
+            raise RolloutError("TorchEngine is bound to another running event loop")
+        self._forget_in_flight()  # anything left belongs to a loop that is gone
+        if self._executor is None:
+            threads = self._num_threads or torch.get_num_threads()
+            # torch's intra-op thread count is per thread: set it in the step thread itself.
+            self._executor = ThreadPoolExecutor(
+                1, thread_name_prefix="asyncrl-engine",
+                initializer=torch.set_num_threads, initargs=(threads,),
+            )
+        self._loop = loop
+        self._wakeup, self._idle = asyncio.Event(), asyncio.Event()
+        self._idle.set()
+        self._task = loop.create_task(self._run(), name="asyncrl-torch-engine")
+        return loop
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                plan = None if self._paused else self._scheduler.schedule()
+                if plan is None:
+                    await self._wait_for_work(loop)
+                    continue
+                await self._step(loop, plan)
+        finally:
+            self._forget_in_flight()
+
+    async def _wait_for_work(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._wakeup.clear()
+        if not self._scheduler.running and self._runner.cache.allocated_tokens:
+            await loop.run_in_executor(self._executor, self._runner.release_cache)
+            if self._wakeup.is_set():
+                return
+        await self._wakeup.wait()
+
+    async def _step(self, loop: asyncio.AbstractEventLoop, plan: StepPlan) -> None:
+        self._idle.clear()
+        try:
+            result = await loop.run_in_executor(self._executor, self._runner.run, plan)
+        except Exception as error:  # a failed step fails its rows, not the engine
+            wrapped = RolloutError(f"TorchEngine step failed: {error!r}")
+            for seq in plan.seqs:
+                self._fail(seq, wrapped)
+            self._scheduler.sweep()
+            return
+        finally:
+            self._idle.set()
+        self._apply(plan, result)
+
+    def _apply(self, plan: StepPlan, result: StepResult) -> None:
+        appended = sum(1 for s in plan.seqs if s.finish_reason is None)
+        for seq in self._scheduler.apply(plan, result):
+            self._resolve(seq, seq.to_trajectory(seq.finish_reason))
+        self._generated_tokens += appended
+        now = time.perf_counter()
+        self._rate.append((now, appended))
+        while self._rate and now - self._rate[0][0] > _RATE_WINDOW_S:
+            self._rate.popleft()
+
+    def _forget_in_flight(self) -> None:
+        """Resolve every pending future as aborted and empty the queues (loop ending)."""
+        for seq in self._scheduler.clear():
+            if seq.finish_reason is None:
+                self._abort_seq(seq)
+        self._seqs.clear()
+        self._futures.clear()
+
+    def _tokens_per_s(self) -> float:
+        if len(self._rate) < 2:
+            return 0.0
+        span = self._rate[-1][0] - self._rate[0][0]
+        tokens = sum(n for _, n in self._rate) - self._rate[0][1]
+        return tokens / span if span > 0 else 0.0
+
+
+def run_sync(engine: TorchEngine, requests: SequenceABC[GenerationRequest]) -> list[Trajectory]:
+    """Generate from synchronous code: runs a private event loop until all requests finish."""
+    return asyncio.run(engine.generate_many(requests))

@@ -1,0 +1,159 @@
+"""Batched prefill and decode for HF Llama / Qwen2 models, with a slot KV cache.
+
+It reuses the HF modules for everything position-independent (embedding, RMSNorm, q/k/v/o
+projections with their biases, the SiLU MLP, final norm, lm_head or tied embeddings) and the
+model's own rotary module for cos/sin, so logits match the HF forward to float rounding. Only
+attention is reimplemented: it reads/writes `SlotKVCache` and masks each row to its length.
+
+Not supported (raises `RolloutError`): other architectures, sliding-window layers, non-SiLU
+MLPs, q/k norms (Qwen3). No prefix caching: a prefill always starts at position 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asyncrl.errors import RolloutError
+from asyncrl.rollout.kv_cache import SlotKVCache
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise `RolloutError` unless `model` is a causal LM this forward reproduces exactly."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise RolloutError(
+            f"TorchEngine supports model_type in {SUPPORTED_MODEL_TYPES}, got {model_type!r}; "
+            "use another rollout engine for this architecture"
+        )
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        raise RolloutError(f"TorchEngine does not support sliding-window layers: {layer_types}")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise RolloutError(f"TorchEngine supports hidden_act='silu' only, got {config.hidden_act!r}")
+    attn = model.model.layers[0].self_attn
+    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+        raise RolloutError("TorchEngine does not support q/k norms (Qwen3-style attention)")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, T, H, D); cos/sin: (B, T, 1, D). Same formula as HF's apply_rotary_pos_emb."""
+    return (x * cos) + (_rotate_half(x) * sin)
+
+
+class BatchedForward:
+    """Prefill and decode steps over a batch of sequences living in cache slots."""
+
+    def __init__(self, model: nn.Module) -> None:
+        check_supported(model)
+        config = model.config
+        self.base = model.model
+        self.lm_head = model.lm_head
+        self.layers = list(self.base.layers)
+        self.num_heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.groups = self.num_heads // self.kv_heads
+        self.scaling = float(self.layers[0].self_attn.scaling)
+        self.vocab_size = config.vocab_size
+
+    def new_cache(self, max_slots: int, device: torch.device | str) -> SlotKVCache:
+        dtype = self.base.embed_tokens.weight.dtype
+        return SlotKVCache(
+            len(self.layers), self.kv_heads, self.head_dim,
+            max_slots=max_slots, dtype=dtype, device=device,
+        )
+
+    def _qkv(
+        self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projections plus rotary; returns q (B,T,H,D), k and v (B,T,Hkv,D)."""
+        attn = layer.self_attn
+        b, t, _ = x.shape
+        q = attn.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = attn.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        v = attn.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+    def _mlp_residual(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def _logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        """h_last: (B, hidden) pre-norm hidden state of each row's last position."""
+        return self.lm_head(self.base.norm(h_last)).float()
+
+    def decode(
+        self, cache: SlotKVCache, token_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """One token per row; row i lives in slot i and its token sits at `positions[i]`.
+
+        token_ids, positions: (B,) int64. Returns logits (B, V) in float32.
+        """
+        b = token_ids.shape[0]
+        length = int(positions.max()) + 1
+        rows = torch.arange(b, device=token_ids.device)
+        h = self.base.embed_tokens(token_ids)[:, None]  # (B, 1, hidden)
+        cos, sin = self.base.rotary_emb(h, positions[:, None])  # (B, 1, D)
+        cos, sin = cos[:, :, None], sin[:, :, None]
+        # (B, 1, 1, L): each row sees its own keys 0..position; the rest of the view is padding.
+        mask = (torch.arange(length, device=h.device)[None] <= positions[:, None])[:, None, None]
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(h), cos, sin)
+            keys, values = cache.keys[i], cache.values[i]
+            keys[rows, positions] = k[:, 0]
+            values[rows, positions] = v[:, 0]
+            # Grouped-query trick: the G query heads sharing a KV head become G query rows of
+            # that head (same mask), so no repeat_interleave copy of the cache is needed.
+            out = F.scaled_dot_product_attention(
+                q.view(b, self.kv_heads, self.groups, self.head_dim),
+                keys[:b, :length].transpose(1, 2),
+                values[:b, :length].transpose(1, 2),
+                attn_mask=mask,
+                scale=self.scaling,
+            )  # (B, Hkv, G, D)
+            h = h + layer.self_attn.o_proj(out.reshape(b, 1, self.num_heads * self.head_dim))
+            h = self._mlp_residual(layer, h)
+        return self._logits(h[:, 0])
+
+    def prefill(
+        self, cache: SlotKVCache, token_ids: torch.Tensor, lengths: torch.Tensor, first_slot: int
+    ) -> torch.Tensor:
+        """Right-padded contexts from position 0 into slots first_slot..first_slot+n-1.
+
+        token_ids: (n, T) int64 (padding arbitrary), lengths: (n,). Returns the logits of each
+        row's last real token, (n, V) float32. Padding positions are written to the cache too;
+        they lie past the row's length, are masked, and are overwritten by later decode steps.
+        """
+        n, t = token_ids.shape
+        device = token_ids.device
+        positions = torch.arange(t, device=device)[None].expand(n, t)
+        h = self.base.embed_tokens(token_ids)  # (n, T, hidden)
+        cos, sin = self.base.rotary_emb(h, positions)
+        cos, sin = cos[:, :, None], sin[:, :, None]
+        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        valid_key = torch.arange(t, device=device)[None] < lengths[:, None]  # (n, T)
+        mask = causal[None, None] & valid_key[:, None, None, :]  # (n, 1, T, T)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(h), cos, sin)
+            cache.keys[i][first_slot : first_slot + n, :t] = k
+            cache.values[i][first_slot : first_slot + n, :t] = v
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2).repeat_interleave(self.groups, dim=1),
+                v.transpose(1, 2).repeat_interleave(self.groups, dim=1),
+                attn_mask=mask,
+                scale=self.scaling,
+            )  # (n, H, T, D)
+            h = h + layer.self_attn.o_proj(out.transpose(1, 2).reshape(n, t, -1))
+            h = self._mlp_residual(layer, h)
+        last = h[torch.arange(n, device=device), lengths - 1]
+        return self._logits(last)

@@ -1,0 +1,99 @@
+"""A slot-indexed key/value cache that grows and shrinks with the running batch.
+
+Layout per layer: `(slots, capacity, kv_heads, head_dim)` for keys and for values. Running
+sequences occupy slots 0..B-1 (the scheduler keeps them compact by moving the last slot into a
+hole), so a decode step attends over the strided view `[:B, :L]` with no gather copy.
+
+Physical memory is `slots_allocated × capacity` tokens per layer, both rounded up to powers of
+two and shrunk with hysteresis; it is NOT bounded by the scheduler's token budget (a long
+sequence next to many short ones pads the buffer). The token budget (`kv_budget_tokens`) is an
+accounting limit the scheduler enforces on the sum of cached tokens.
+
+This module does no scheduling and no attention; it is touched only by the engine's step thread.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _round_up_pow2(n: int, minimum: int) -> int:
+    size = minimum
+    while size < n:
+        size *= 2
+    return size
+
+
+class SlotKVCache:
+    """Per-layer K/V buffers indexed by (slot, position)."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        *,
+        max_slots: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        min_capacity: int = 64,
+    ) -> None:
+        self.num_layers = num_layers
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.max_slots = max_slots
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.min_capacity = min_capacity
+        self.slots = 0
+        self.capacity = 0
+        self.keys: list[torch.Tensor] = []  # per layer: (slots, capacity, kv_heads, head_dim)
+        self.values: list[torch.Tensor] = []
+
+    def reserve(self, num_slots: int, length: int) -> None:
+        """Make room for `num_slots` slots of `length` positions, keeping current contents.
+
+        Grows to powers of two; shrinks only when the need drops below a quarter of what is
+        allocated, so a batch that oscillates around a boundary does not reallocate every step.
+        """
+        assert num_slots <= self.max_slots, (num_slots, self.max_slots)
+        want_slots = min(_round_up_pow2(max(num_slots, 1), 1), self.max_slots)
+        want_cap = _round_up_pow2(max(length, 1), self.min_capacity)
+        grow = num_slots > self.slots or length > self.capacity
+        shrink = want_slots * 4 <= self.slots or want_cap * 4 <= self.capacity
+        if grow or shrink:
+            self._reallocate(want_slots, want_cap, keep_slots=num_slots, keep_len=length)
+
+    def _reallocate(self, slots: int, capacity: int, *, keep_slots: int, keep_len: int) -> None:
+        shape = (slots, capacity, self.kv_heads, self.head_dim)
+        s = min(keep_slots, self.slots, slots)
+        n = min(keep_len, self.capacity, capacity)
+        new_k: list[torch.Tensor] = []
+        new_v: list[torch.Tensor] = []
+        for layer in range(self.num_layers):
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            if s > 0 and n > 0:
+                k[:s, :n] = self.keys[layer][:s, :n]
+                v[:s, :n] = self.values[layer][:s, :n]
+            new_k.append(k)
+            new_v.append(v)
+        self.keys, self.values = new_k, new_v
+        self.slots, self.capacity = slots, capacity
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` positions of slot `src` into slot `dst` (compaction)."""
+        if src == dst or length <= 0:
+            return
+        for k, v in zip(self.keys, self.values):
+            k[dst, :length] = k[src, :length]
+            v[dst, :length] = v[src, :length]
+
+    def release(self) -> None:
+        """Drop every buffer (the engine is idle or closing)."""
+        self.keys, self.values = [], []
+        self.slots, self.capacity = 0, 0
+
+    @property
+    def allocated_tokens(self) -> int:
+        return self.slots * self.capacity

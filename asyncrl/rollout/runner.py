@@ -1,0 +1,100 @@
+"""The step thread's side of the engine: run one `StepPlan` on the model, swap weights safely.
+
+`StepRunner.run` applies the plan's slot moves, sizes the KV cache, runs the batched decode and
+prefill forwards, samples, and returns plain Python lists. It holds `lock` for the whole step;
+`load_weights` takes the same lock, so weights change only between steps whichever thread calls
+it. This module does no scheduling and knows nothing about asyncio or futures.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from asyncrl.errors import SyncError
+from asyncrl.rollout.forward import BatchedForward
+from asyncrl.rollout.sampler import SamplingBatch, sample
+from asyncrl.rollout.scheduler import StepPlan, StepResult
+
+
+class StepRunner:
+    """Owns the batched forward, the KV cache and the engine-wide sampling generator."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        max_num_seqs: int,
+        device: torch.device | str,
+        version: int,
+        seed: int | None,
+    ) -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.forward = BatchedForward(model)
+        self.cache = self.forward.new_cache(max_num_seqs, self.device)
+        self.lock = threading.Lock()
+        self.version = version
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    def run(self, plan: StepPlan) -> StepResult:
+        with self.lock, torch.inference_mode():
+            for src, dst, length in plan.moves:
+                self.cache.move(src, dst, length)
+            logits = self._logits(plan)
+            batch = SamplingBatch.build(list(plan.params), list(plan.generators), logits.device)
+            tokens, logprobs = sample(logits, batch, self.generator)
+            return StepResult(tokens.tolist(), logprobs.tolist(), self.version)
+
+    def _logits(self, plan: StepPlan) -> torch.Tensor:
+        """Decode rows then prefill rows, (rows, V) float32."""
+        num_decode = len(plan.decode_tokens)
+        lengths = [len(c) for c in plan.prefill_contexts]
+        need = max([p + 1 for p in plan.decode_positions] + lengths)
+        self.cache.reserve(plan.num_rows, need)
+        parts: list[torch.Tensor] = []
+        if num_decode:
+            tokens = torch.tensor(plan.decode_tokens, dtype=torch.int64, device=self.device)
+            positions = torch.tensor(plan.decode_positions, dtype=torch.int64, device=self.device)
+            parts.append(self.forward.decode(self.cache, tokens, positions))
+        if lengths:
+            padded = torch.zeros(len(lengths), max(lengths), dtype=torch.int64)
+            for row, context in enumerate(plan.prefill_contexts):
+                padded[row, : len(context)] = torch.tensor(context, dtype=torch.int64)
+            lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
+            parts.append(self.forward.prefill(self.cache, padded.to(self.device), lens, num_decode))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def release_cache(self) -> None:
+        with self.lock:
+            self.cache.release()
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """Copy tensors into the model's parameters in place, between steps. Returns the count.
+
+        Names are those of `model.named_parameters()` (tied aliases such as `lm_head.weight`
+        are accepted too). Unknown names and shape mismatches raise `SyncError`.
+        """
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        loaded = 0
+        with self.lock, torch.no_grad():
+            for name, tensor in named_tensors:
+                target = params.get(name)
+                if target is None:
+                    raise SyncError(f"load_weights: the model has no parameter named {name!r}")
+                if target.shape != tensor.shape:
+                    raise SyncError(
+                        f"load_weights: {name} has shape {tuple(target.shape)}, "
+                        f"got {tuple(tensor.shape)}"
+                    )
+                target.copy_(tensor)
+                loaded += 1
+            self.version = version
+        return loaded

@@ -1,0 +1,91 @@
+"""The engine's per-request state: what has been generated, where it lives in the cache.
+
+A `Sequence` is plain bookkeeping owned by the event-loop thread; the step thread never touches
+it (it receives plain lists in a `StepPlan`). It does no I/O and holds no future: the engine maps
+request ids to futures.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from asyncrl.types import FinishReason, GenerationRequest, Trajectory
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request in flight. `response_ids` starts with the request's prefix."""
+
+    request: GenerationRequest
+    stop_ids: frozenset[int]
+    generator: torch.Generator | None
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    slot: int = -1
+    cached_len: int = 0  # positions whose K/V are in this sequence's cache slot
+    admit_order: int = -1  # larger = admitted later; the youngest is preempted first
+    finish_reason: FinishReason | None = None
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_admitted_at: float | None = None
+
+    @staticmethod
+    def from_request(request: GenerationRequest, eos_ids: tuple[int, ...]) -> Sequence:
+        params = request.params
+        stop = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop.update(eos_ids)
+        generator = None
+        if params.seed is not None and params.temperature > 0:
+            generator = torch.Generator().manual_seed(params.seed)
+        return Sequence(
+            request=request,
+            stop_ids=frozenset(stop),
+            generator=generator,
+            response_ids=list(request.prefix_ids),
+            logprobs=list(request.prefix_logprobs),
+            versions=list(request.prefix_versions),
+        )
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def context_ids(self) -> list[int]:
+        """What a (re-)prefill feeds: prompt plus everything generated so far."""
+        return list(self.request.prompt_ids) + self.response_ids
+
+    @property
+    def context_len(self) -> int:
+        return len(self.request.prompt_ids) + len(self.response_ids)
+
+    def finished_by(self) -> FinishReason | None:
+        """Whether the tokens so far end this response ("stop" wins over "length")."""
+        if self.response_ids and self.response_ids[-1] in self.stop_ids:
+            return "stop"
+        if len(self.response_ids) >= self.request.params.max_tokens:
+            return "length"
+        return None
+
+    def append(self, token: int, logprob: float, version: int) -> None:
+        self.response_ids.append(token)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+
+    def to_trajectory(self, finish_reason: FinishReason) -> Trajectory:
+        """A snapshot (lists copied), so later appends never leak into a returned partial."""
+        now = time.perf_counter()
+        admitted = self.first_admitted_at if self.first_admitted_at is not None else now
+        return Trajectory(
+            request_id=self.request_id,
+            prompt_ids=list(self.request.prompt_ids),
+            response_ids=list(self.response_ids),
+            logprobs=list(self.logprobs),
+            versions=list(self.versions),
+            finish_reason=finish_reason,
+            timings={"queue_s": admitted - self.submitted_at, "generate_s": now - self.submitted_at},
+        )

@@ -1,0 +1,57 @@
+"""Step metrics: named stage timers and the verl-named data metrics of a batch.
+
+`with timer("gen", metrics):` records `timing_s/gen`. `batch_metrics` computes
+`critic/score/mean`, `response_length/mean|max|min|clip_ratio`, `prompt_length/mean` and the
+advantage/return statistics verl logs, so existing dashboards read our runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+
+from asyncrl.types import Group
+
+
+@contextmanager
+def timer(name: str, metrics: dict[str, float]) -> Iterator[None]:
+    """Add the block's wall time to `metrics[f"timing_s/{name}"]` (accumulates on repeats)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        key = f"timing_s/{name}"
+        metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {}
+    return {f"{prefix}/mean": float(values.float().mean()), f"{prefix}/max": float(values.max()),
+            f"{prefix}/min": float(values.min())}
+
+
+def group_metrics(groups: Sequence[Group], max_response_length: int) -> dict[str, float]:
+    """Score and length statistics of finished groups."""
+    trajs = [t for g in groups for t in g.trajectories]
+    scores = torch.tensor([t.reward for t in trajs])
+    lengths = torch.tensor([len(t.response_ids) for t in trajs], dtype=torch.float)
+    prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajs], dtype=torch.float)
+    out = _stats("critic/score", scores) | _stats("response_length", lengths)
+    out |= _stats("prompt_length", prompt_lengths)
+    out["response_length/clip_ratio"] = float((lengths >= max_response_length).float().mean())
+    out["response_length/aborted_ratio"] = sum(t.finish_reason == "aborted" for t in trajs) / len(trajs)
+    return out
+
+
+def masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Mean/max/min of `values` over the tokens where mask is set."""
+    return _stats(prefix, values[mask.bool()])
+
+
+def pass_at_k(correct: Sequence[bool]) -> float:
+    """1.0 when any of the k responses is correct."""
+    return float(any(correct))

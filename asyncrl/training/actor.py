@@ -1,0 +1,149 @@
+"""The actor and reference workers: a causal LM, its optimizer, log-probs and PPO updates.
+
+`Actor.train_step(batch, num_mini_batches)` runs `ppo_epochs` x mini-batches x token-budget
+micro-batches, scaling each micro-batch's loss so the accumulated gradient equals the
+mini-batch's aggregate (exact for every `loss_agg_mode`). Losses come from the pure
+`asyncrl.algorithms`; this module owns state (model, optimizer, schedule), not math.
+It does not know about pipelines, engines or processes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from asyncrl.algorithms.agg import agg_loss
+from asyncrl.algorithms.kl import kl_penalty
+from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logits
+from asyncrl.algorithms.policy_loss import compute_policy_loss
+from asyncrl.config_schema import ActorConfig
+from asyncrl.training.batch import TrainBatch, micro_batches, split_rows
+from asyncrl.training.optim import make_optimizer, set_seed_state, seed_state
+
+
+def response_logits(model: nn.Module, batch: TrainBatch) -> torch.Tensor:
+    """Logits that predict each response token. # (B, T, V)"""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids, use_cache=False)
+    P, T = batch.prompt_width, batch.responses.shape[1]
+    return out.logits[:, P - 1 : P - 1 + T].float()
+
+
+class RefWorker:
+    """A frozen policy: per-token log-probs only (for KL terms)."""
+
+    def __init__(self, model: nn.Module, temperature: float, micro_batch_tokens: int) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.temperature = temperature
+        self.micro_batch_tokens = micro_batch_tokens
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
+        parts = [logprobs_from_logits(response_logits(self.model, mb), mb.responses, self.temperature)
+                 for mb in micro_batches(batch, self.micro_batch_tokens)]
+        return torch.cat(parts) * batch.response_mask
+
+
+class Actor:
+    """Model + AdamW (linear warm-up) + PPO-style update."""
+
+    def __init__(self, model: nn.Module, cfg: ActorConfig, *, temperature: float,
+                 norm_length: int) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.temperature = temperature
+        self.norm_length = norm_length
+        self.optimizer, self.scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay,
+                                                        cfg.betas, cfg.warmup_steps)
+        self.version = 0
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
+        self.model.eval()
+        parts = [logprobs_from_logits(response_logits(self.model, mb), mb.responses, self.temperature)
+                 for mb in micro_batches(batch, self.cfg.ppo_micro_batch_tokens)]
+        return torch.cat(parts) * batch.response_mask
+
+    def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
+        """PPO epochs over mini-batches; one optimizer step per mini-batch."""
+        assert batch.advantages is not None and batch.old_log_probs is not None
+        sums: dict[str, float] = defaultdict(float)
+        n = 0
+        for _ in range(self.cfg.ppo_epochs):
+            for rows in split_rows(batch.size, num_mini_batches):
+                for k, v in self._mini_batch_step(batch.select(rows)).items():
+                    sums[k] += v
+                n += 1
+        self.version += 1
+        return {k: v / n for k, v in sums.items()} | {"actor/lr": self.scheduler.get_last_lr()[0]}
+
+    def _mini_batch_step(self, mini: TrainBatch) -> dict[str, float]:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, float] = defaultdict(float)
+        for mb, weight in self._weighted_micro_batches(mini):
+            loss, mb_metrics = self._micro_batch_loss(mb)
+            (loss * weight).backward()
+            for k, v in mb_metrics.items():
+                metrics[k] += v * weight
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.scheduler.step()
+        metrics["actor/grad_norm"] = float(grad_norm)
+        return metrics
+
+    def _weighted_micro_batches(self, mini: TrainBatch) -> Iterator[tuple[TrainBatch, float]]:
+        token_mean = self.cfg.loss_agg_mode == "token-mean"
+        total = float(mini.response_mask.sum()) if token_mean else float(mini.size)
+        for mb in micro_batches(mini, self.cfg.ppo_micro_batch_tokens):
+            part = float(mb.response_mask.sum()) if token_mean else float(mb.size)
+            yield mb, part / max(total, 1.0)
+
+    def _micro_batch_loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        logits = response_logits(self.model, mb)
+        log_prob = logprobs_from_logits(logits, mb.responses, self.temperature)
+        loss, metrics = compute_policy_loss(
+            cfg.policy_loss, mb.old_log_probs, log_prob, mb.advantages, mb.response_mask,
+            loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+            is_weights=mb.is_weights, norm_length=self.norm_length)
+        entropy = self._agg(entropy_from_logits(logits.detach() if not cfg.entropy_coeff else logits), mb)
+        metrics = dict(metrics) | {"actor/entropy": float(entropy)}
+        if cfg.entropy_coeff:
+            loss = loss - cfg.entropy_coeff * entropy
+        if cfg.use_kl_loss:
+            assert mb.ref_log_probs is not None, "actor.use_kl_loss needs reference log-probs"
+            kl = self._agg(kl_penalty(log_prob, mb.ref_log_probs, cfg.kl_loss_type), mb)
+            loss = loss + cfg.kl_loss_coef * kl
+            metrics |= {"actor/kl_loss": float(kl), "actor/kl_coef": cfg.kl_loss_coef}
+        return loss, metrics
+
+    def _agg(self, values: torch.Tensor, mb: TrainBatch) -> torch.Tensor:
+        return agg_loss(values, mb.response_mask, self.cfg.loss_agg_mode, norm_length=self.norm_length)
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Detached parameter tensors by name, for weight sync (no copy)."""
+        return [(name, p.detach()) for name, p in self.model.state_dict(keep_vars=False).items()]
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "version": self.version, "rng": seed_state()}, path / "actor_state.pt")
+
+    def load(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        state = load_file(str(path / "model.safetensors"))
+        self.model.load_state_dict(state, strict=False)
+        extra = torch.load(path / "actor_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.version = extra["version"]
+        set_seed_state(extra["rng"])

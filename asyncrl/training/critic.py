@@ -1,0 +1,90 @@
+"""The critic worker (adv_estimator=gae): the policy's transformer body plus a scalar value head.
+
+Values are read at the positions that predict each response token (the state before it),
+matching verl. Value loss with clipping comes from the pure `asyncrl.algorithms.value_loss`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from asyncrl.algorithms.value_loss import compute_value_loss
+from asyncrl.config_schema import CriticConfig
+from asyncrl.training.batch import TrainBatch, micro_batches, split_rows
+from asyncrl.training.optim import make_optimizer
+
+
+class ValueModel(nn.Module):
+    def __init__(self, causal_lm: nn.Module) -> None:
+        super().__init__()
+        self.body = copy.deepcopy(causal_lm.get_decoder())
+        self.head = nn.Linear(causal_lm.config.hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, batch: TrainBatch) -> torch.Tensor:
+        hidden = self.body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                           position_ids=batch.position_ids, use_cache=False).last_hidden_state
+        P, T = batch.prompt_width, batch.responses.shape[1]
+        return self.head(hidden[:, P - 1 : P - 1 + T]).squeeze(-1).float()  # (B, T)
+
+
+class Critic:
+    def __init__(self, causal_lm: nn.Module, cfg: CriticConfig, *, micro_batch_tokens: int,
+                 loss_agg_mode: str) -> None:
+        self.model = ValueModel(causal_lm)
+        self.cfg = cfg
+        self.micro_batch_tokens = micro_batch_tokens
+        self.loss_agg_mode = loss_agg_mode
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg.lr, 0.0, (0.9, 0.999), cfg.warmup_steps)
+
+    @torch.no_grad()
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        self.model.eval()
+        parts = [self.model(mb) for mb in micro_batches(batch, self.micro_batch_tokens)]
+        return torch.cat(parts) * batch.response_mask
+
+    def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
+        assert batch.values is not None and batch.returns is not None
+        sums: dict[str, float] = defaultdict(float)
+        n = 0
+        self.model.train()
+        for _ in range(self.cfg.ppo_epochs):
+            for rows in split_rows(batch.size, num_mini_batches):
+                for k, v in self._mini_batch_step(batch.select(rows)).items():
+                    sums[k] += v
+                n += 1
+        return {k: v / n for k, v in sums.items()}
+
+    def _mini_batch_step(self, mini: TrainBatch) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        total = float(mini.response_mask.sum())
+        metrics: dict[str, float] = defaultdict(float)
+        for mb in micro_batches(mini, self.micro_batch_tokens):
+            weight = float(mb.response_mask.sum()) / max(total, 1.0)
+            loss, m = compute_value_loss(self.model(mb), mb.values, mb.returns, mb.response_mask,
+                                         self.cfg.cliprange_value, "token-mean")
+            (loss * weight).backward()
+            for k, v in m.items():
+                metrics[k] += float(v) * weight
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        metrics["critic/grad_norm"] = float(grad_norm)
+        return metrics
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict()}, path / "critic.pt")
+
+    def load(self, path: Path) -> None:
+        state = torch.load(path / "critic.pt", weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

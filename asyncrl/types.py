@@ -1,0 +1,127 @@
+"""Typed messages that cross package boundaries: prompts, requests, trajectories, groups.
+
+These are plain dataclasses of Python lists and scalars (no tensors): cheap to pickle across Ray,
+easy to assert on in tests. Padded tensors (`TrainBatch`) are built on the trainer side only.
+This module imports nothing from the rest of the package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "aborted"]
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    """One dataset row in the verl layout, plus its tokenized prompt.
+
+    Example: PromptRow(uid="train-3", data_source="arithmetic",
+    messages=({"role": "user", "content": "What is 2+3?"},), ground_truth="5")
+    """
+
+    uid: str
+    data_source: str
+    messages: tuple[dict[str, str], ...]
+    ground_truth: str
+    ability: str = ""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one response is sampled. temperature 0 means greedy."""
+
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Ask an engine for one response.
+
+    `prefix_ids`/`prefix_logprobs`/`prefix_versions` continue a partial rollout: the engine
+    treats prompt + prefix as context, counts the prefix against `max_tokens` and returns a
+    trajectory whose response starts with the prefix (tokens, log-probs and versions kept).
+    """
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    prefix_ids: tuple[int, ...] = ()
+    prefix_logprobs: tuple[float, ...] = ()
+    prefix_versions: tuple[int, ...] = ()
+
+
+@dataclass
+class Trajectory:
+    """One response: tokens, the behaviour policy's per-token log-probs and versions.
+
+    `logprobs[t]` is the log-probability, under the policy of version `versions[t]` and the
+    sampling temperature, of `response_ids[t]`. `start_version`/`end_version` are the versions
+    the first and last token were produced under (they differ after a partial rollout).
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+    reward: float = 0.0
+    reward_details: dict[str, float] = field(default_factory=dict)
+    reward_status: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def start_version(self) -> int:
+        return self.versions[0] if self.versions else -1
+
+    @property
+    def end_version(self) -> int:
+        return self.versions[-1] if self.versions else -1
+
+    @property
+    def num_segments(self) -> int:
+        """How many policy versions produced this response (1 unless it was partially rolled out)."""
+        return len(set(self.versions))
+
+
+@dataclass
+class Group:
+    """The n trajectories sampled for one prompt: the unit of GRPO-style advantages."""
+
+    uid: str
+    row: PromptRow
+    trajectories: list[Trajectory]
+    baseline_reward: float | None = None
+    """ReMax: the reward of the greedy response to this prompt."""
+
+    @property
+    def rewards_G(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+    @property
+    def min_version(self) -> int:
+        return min(t.start_version for t in self.trajectories)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What a rollout engine reports about itself."""
+
+    running: int
+    waiting: int
+    preemptions: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    generated_tokens: int
+    tokens_per_s: float
+    version: int

@@ -1,0 +1,170 @@
+"""Benchmark: TorchEngine vs transformers' padded `generate` on long-tailed response lengths.
+
+Workload: N requests, prompts of 16..32 random tokens, max_new_tokens drawn from a lognormal
+(median 32, sigma 1.0) capped at 512, EOS ignored, sampling at temperature 1 with no top-k/p.
+
+- engine: every request submitted at once to one `TorchEngine` (max_num_seqs = N by default);
+- HF baseline: batches of `--hf-batch-sizes`, left-padded, each batch generating to its own
+  longest request (`max_new_tokens = min_new_tokens = max of the batch`, do_sample, top_k=0).
+Only requested tokens count as useful. Writes bench/results/engine.json.
+
+    PYTHONPATH=. python bench/engine.py --threads 2,1
+
+It measures throughput only; correctness lives in tests/rollout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from asyncrl.rollout import TorchEngine, run_sync
+from asyncrl.types import GenerationRequest, SamplingParams
+
+MODELS: dict[str, dict[str, int | bool]] = {
+    # the size of the project's built-in tiny model
+    "tiny": dict(vocab_size=128, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=384),
+    # research/cpu_measurements.md §3: SmolLM2 vocabulary on a 15.7M-parameter body
+    "llama256": dict(vocab_size=49152, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                     num_key_value_heads=2, intermediate_size=768, tie_word_embeddings=True),
+}
+
+
+def build_model(name: str) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**MODELS[name])).eval()
+
+
+def workload(n: int, vocab: int, seed: int, median: float, sigma: float, cap: int
+             ) -> list[GenerationRequest]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.exp(math.log(median) + sigma * torch.randn(n, generator=g))
+    reqs = []
+    for i, length in enumerate(lengths.round().clamp(1, cap).long().tolist()):
+        plen = int(torch.randint(16, 33, (1,), generator=g))
+        prompt = tuple(torch.randint(1, vocab, (plen,), generator=g).tolist())
+        params = SamplingParams(max_tokens=length, temperature=1.0, ignore_eos=True)
+        reqs.append(GenerationRequest(f"r{i}", prompt, params))
+    return reqs
+
+
+class ForeignLoad:
+    """CPU cores used by other processes during a measurement (/proc/stat minus our own time)."""
+
+    def __enter__(self) -> ForeignLoad:
+        self.t0, self.busy0, self.own0 = time.perf_counter(), self._busy(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.perf_counter() - self.t0
+        foreign = self._busy() - self.busy0 - (time.process_time() - self.own0)
+        self.cores = max(foreign, 0.0) / wall if wall > 0 else 0.0
+
+    @staticmethod
+    def _busy() -> float:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        except OSError:
+            return 0.0
+        idle = fields[3] + fields[4]
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def run_engine(model: LlamaForCausalLM, reqs: list[GenerationRequest], max_num_seqs: int) -> float:
+    budget = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs) * max_num_seqs
+    engine = TorchEngine(model, eos_token_id=0, max_num_seqs=max_num_seqs,
+                         kv_budget_tokens=budget, seed=0)
+    t0 = time.perf_counter()
+    outs = run_sync(engine, reqs)
+    elapsed = time.perf_counter() - t0
+    engine.close()
+    assert [len(o.response_ids) for o in outs] == [r.params.max_tokens for r in reqs]
+    return elapsed
+
+
+def run_hf(model: LlamaForCausalLM, reqs: list[GenerationRequest], batch_size: int) -> float:
+    t0 = time.perf_counter()
+    for start in range(0, len(reqs), batch_size):
+        batch = reqs[start : start + batch_size]
+        width = max(len(r.prompt_ids) for r in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, r in enumerate(batch):  # left padding, as generate expects
+            ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[row, width - len(r.prompt_ids):] = 1
+        new = max(r.params.max_tokens for r in batch)
+        with torch.no_grad():
+            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                           do_sample=True, top_k=0, temperature=1.0, pad_token_id=0)
+    return time.perf_counter() - t0
+
+
+def best_of(repeats: int, fn: Callable[[], float]) -> tuple[float, float]:
+    """Best wall time over repeats, and the worst foreign CPU load seen."""
+    times, foreign = [], 0.0
+    for _ in range(repeats):
+        with ForeignLoad() as load:
+            times.append(fn())
+        foreign = max(foreign, load.cores)
+    return min(times), foreign
+
+
+def bench_model(name: str, args: argparse.Namespace, threads: int) -> list[dict[str, object]]:
+    torch.set_num_threads(threads)
+    model = build_model(name)
+    reqs = workload(args.num_requests, model.config.vocab_size, args.seed, args.median,
+                    args.sigma, args.cap)
+    useful = sum(r.params.max_tokens for r in reqs)
+    run_engine(model, reqs[:8], 8)  # warm up allocator and kernels
+    rows = []
+    secs, foreign = best_of(args.repeats, lambda: run_engine(model, reqs, args.max_num_seqs))
+    rows.append(dict(model=name, threads=threads, system="TorchEngine",
+                     batch=args.max_num_seqs, seconds=secs, foreign_cores=foreign))
+    for bs in args.hf_batch_sizes:
+        secs, foreign = best_of(args.repeats, lambda: run_hf(model, reqs, bs))
+        rows.append(dict(model=name, threads=threads, system="HF generate", batch=bs,
+                         seconds=secs, foreign_cores=foreign))
+    for row in rows:
+        row.update(useful_tokens=useful, tokens_per_s=useful / float(row["seconds"]),
+                   max_new_tokens=max(r.params.max_tokens for r in reqs))
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="tiny,llama256")
+    ap.add_argument("--threads", default="2", help="comma list, e.g. 2,1")
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--hf-batch-sizes", default="8,16,64")
+    ap.add_argument("--median", type=float, default=32.0)
+    ap.add_argument("--sigma", type=float, default=1.0)
+    ap.add_argument("--cap", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="bench/results/engine.json")
+    args = ap.parse_args()
+    args.hf_batch_sizes = [int(x) for x in args.hf_batch_sizes.split(",")]
+    rows = []
+    for threads in [int(x) for x in args.threads.split(",")]:
+        for name in args.models.split(","):
+            rows.extend(bench_model(name, args, threads))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(torch=torch.__version__, python=platform.python_version(),
+                cpus=os.cpu_count(), args={k: v for k, v in vars(args).items()})
+    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

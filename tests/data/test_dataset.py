@@ -1,0 +1,128 @@
+"""Loading verl-layout parquet/JSONL rows, malformed-row errors, and write/load round trips."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from asyncrl.data.dataset import load_rows, write_jsonl, write_parquet
+from asyncrl.data.tasks import TASKS, make_task
+from asyncrl.errors import DataError
+
+
+def _record(**overrides: Any) -> dict[str, Any]:
+    rec = {
+        "data_source": "arithmetic",
+        "prompt": [{"role": "user", "content": "What is 2+3?"}],
+        "ability": "math",
+        "reward_model": {"ground_truth": "5", "style": "rule"},
+        "extra_info": {"split": "train"},
+    }
+    rec.update(overrides)
+    return rec
+
+
+def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_make_task_round_trips(tmp_path: Path, task: str, fmt: str) -> None:
+    rows = make_task(task, 12, seed=3, split="test")
+    path = str(tmp_path / f"{task}.{fmt}")
+    (write_parquet if fmt == "parquet" else write_jsonl)(rows, path)
+    assert load_rows(path, split_name="test") == rows
+
+
+def test_uid_defaults_to_split_and_row_index(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "d.jsonl", [_record(), _record()])
+    assert [r.uid for r in load_rows(path, split_name="val")] == ["val-0", "val-1"]
+
+
+def test_uid_uses_extra_info_index(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "d.jsonl", [_record(extra_info={"index": 7})])
+    assert load_rows(path)[0].uid == "train-7"
+
+
+def test_duplicate_index_is_an_error(tmp_path: Path) -> None:
+    recs = [_record(extra_info={"index": 1}), _record(extra_info={"index": 1})]
+    with pytest.raises(DataError, match=r"row 1 \(0-based\): field 'extra_info.index'"):
+        load_rows(_write_jsonl(tmp_path / "d.jsonl", recs))
+
+
+@pytest.mark.parametrize(("truth", "expected"), [(42, "42"), (1.5, "1.5"), ([1, 2], "[1, 2]"), ("x", "x")])
+def test_ground_truth_is_normalised_to_str(tmp_path: Path, truth: Any, expected: str) -> None:
+    path = _write_jsonl(tmp_path / "d.jsonl", [_record(reward_model={"ground_truth": truth})])
+    assert load_rows(path)[0].ground_truth == expected
+
+
+def test_jsonl_accepts_plain_string_prompt(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "d.jsonl", [_record(prompt="What is 1+1?")])
+    assert load_rows(path)[0].messages == ({"role": "user", "content": "What is 1+1?"},)
+
+
+def test_parquet_rejects_string_prompt_naming_file_row_field(tmp_path: Path) -> None:
+    recs = [_record(), _record(), _record()]
+    table = pa.Table.from_pylist([{**r, "prompt": json.dumps(r["prompt"])} for r in recs])
+    path = str(tmp_path / "train.parquet")
+    pq.write_table(table, path)
+    msg = r"train\.parquet row 0 \(0-based\): field 'prompt' must be a list of \{role, content\} messages, got str"
+    with pytest.raises(DataError, match=msg):
+        load_rows(path)
+
+
+def test_parquet_missing_ground_truth_names_row(tmp_path: Path) -> None:
+    recs = [_record(), _record(reward_model={"ground_truth": None, "style": "rule"})]
+    path = str(tmp_path / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(recs), path)
+    with pytest.raises(DataError, match=r"row 1 \(0-based\): field 'reward_model.ground_truth'"):
+        load_rows(path)
+
+
+def test_parquet_missing_column(tmp_path: Path) -> None:
+    path = str(tmp_path / "train.parquet")
+    pq.write_table(pa.Table.from_pylist([{"data_source": "x", "prompt": "hi"}]), path)
+    with pytest.raises(DataError, match="missing column 'reward_model'"):
+        load_rows(path)
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"prompt": [{"role": "user"}]}, "prompt[0]"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": 3}, "prompt"),
+        ({"data_source": ""}, "data_source"),
+        ({"reward_model": "5"}, "reward_model.ground_truth"),
+        ({"extra_info": [1, 2]}, "extra_info"),
+        ({"ability": 3}, "ability"),
+    ],
+)
+def test_malformed_jsonl_row_names_file_row_field(tmp_path: Path, bad: dict[str, Any], field: str) -> None:
+    path = _write_jsonl(tmp_path / "bad.jsonl", [_record(), _record(), _record(**bad)])
+    with pytest.raises(DataError, match=r"bad\.jsonl row 2 \(0-based\): field " + re.escape(f"'{field}'")) as info:
+        load_rows(path)
+    assert isinstance(info.value, ValueError)
+
+
+def test_invalid_json_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(_record()) + "\n\n{not json\n")
+    with pytest.raises(DataError, match=r"row 1 \(0-based, line 3\): invalid JSON"):
+        load_rows(str(path))
+
+
+def test_missing_file_and_unknown_extension(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not found"):
+        load_rows(str(tmp_path / "nope.parquet"))
+    (tmp_path / "d.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match="unsupported"):
+        load_rows(str(tmp_path / "d.csv"))

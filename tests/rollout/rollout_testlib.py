@@ -1,0 +1,87 @@
+"""Tiny random-init models and reference computations shared by the rollout tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from asyncrl.rollout import TorchEngine
+from asyncrl.types import GenerationRequest, SamplingParams, Trajectory
+
+VOCAB = 64
+EOS = 0
+
+torch.set_num_threads(1)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0) -> torch.nn.Module:
+    """A 2-layer, hidden-64 model with grouped-query attention, random weights from `seed`."""
+    kwargs = dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128,
+    )
+    torch.manual_seed(seed)
+    if arch == "llama":
+        return LlamaForCausalLM(LlamaConfig(**kwargs)).eval()
+    return Qwen2ForCausalLM(Qwen2Config(**kwargs)).eval()
+
+
+def prompt(length: int, seed: int) -> tuple[int, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randint(1, VOCAB, (length,), generator=g).tolist())
+
+
+def request(
+    rid: str, prompt_ids: tuple[int, ...], max_tokens: int, temperature: float = 0.0, **kw: object
+) -> GenerationRequest:
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True, **kw)
+    return GenerationRequest(rid, prompt_ids, params)
+
+
+def staggered_requests(n: int, temperature: float = 0.0) -> list[GenerationRequest]:
+    """Prompts of 3..10 tokens, max_tokens 4..~30: sequences finish at different steps."""
+    return [
+        request(f"r{i}", prompt(3 + (i * 5) % 8, seed=i), 4 + (i * 7) % 27, temperature)
+        for i in range(n)
+    ]
+
+
+def engine(model: torch.nn.Module, **kw: object) -> TorchEngine:
+    return TorchEngine(model, eos_token_id=EOS, **kw)
+
+
+def run(fn: Callable[[], Awaitable[object]]) -> object:
+    return asyncio.run(fn())
+
+
+def one_at_a_time(model: torch.nn.Module, reqs: list[GenerationRequest]) -> list[Trajectory]:
+    """Reference: each request alone in a fresh engine."""
+    outs = []
+    for r in reqs:
+        eng = engine(model)
+        outs.append(asyncio.run(eng.generate(r)))
+        eng.close()
+    return outs
+
+
+def teacher_forced_logprobs(
+    model: torch.nn.Module, prompt_ids: list[int], response_ids: list[int], temperature: float
+) -> torch.Tensor:
+    """log_softmax(logits / T) of the HF model at each response token, (len(response),)."""
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(-1, torch.tensor(response_ids)[:, None]).squeeze(1)
+
+
+async def wait_for_tokens(eng: TorchEngine, count: int, timeout_s: float = 10.0) -> None:
+    """Yield to the engine until it has generated at least `count` tokens."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while eng.stats().generated_tokens < count:
+        assert loop.time() < deadline, "engine made no progress"
+        await asyncio.sleep(0.0005)

@@ -1,0 +1,74 @@
+"""The batched forward reproduces the HF forward; the slot cache keeps contents across resizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rollout_testlib import VOCAB, prompt, tiny_model
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+from asyncrl.errors import RolloutError
+from asyncrl.rollout.forward import BatchedForward
+from asyncrl.rollout.kv_cache import SlotKVCache
+
+
+def hf_last_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_prefill_then_decode_matches_hf_logits(arch: str) -> None:
+    model = tiny_model(arch, seed=1)
+    fwd = BatchedForward(model)
+    cache = fwd.new_cache(max_slots=8, device="cpu")
+    contexts = [list(prompt(n, seed=n)) for n in (5, 11, 2)]
+    lengths = torch.tensor([len(c) for c in contexts])
+    padded = torch.zeros(3, int(lengths.max()), dtype=torch.int64)
+    for row, ctx in enumerate(contexts):
+        padded[row, : len(ctx)] = torch.tensor(ctx)
+    cache.reserve(3, 16)
+    with torch.inference_mode():
+        logits = fwd.prefill(cache, padded, lengths, first_slot=0)
+    for row, ctx in enumerate(contexts):
+        torch.testing.assert_close(logits[row], hf_last_logits(model, ctx), rtol=0, atol=1e-5)
+    positions = lengths.clone()
+    for step in range(4):  # several decode steps, rows at different positions
+        tokens = torch.tensor([(7 * step + row) % VOCAB for row in range(3)])
+        with torch.inference_mode():
+            logits = fwd.decode(cache, tokens, positions)
+        for row in range(3):
+            contexts[row].append(int(tokens[row]))
+            torch.testing.assert_close(
+                logits[row], hf_last_logits(model, contexts[row]), rtol=0, atol=1e-5
+            )
+        positions += 1
+
+
+def test_unsupported_architectures_raise_rollout_error() -> None:
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2))
+    with pytest.raises(RolloutError, match="model_type"):
+        BatchedForward(gpt2)
+    sliding = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, use_sliding_window=True,
+        sliding_window=8, max_window_layers=0,
+    )
+    with pytest.raises(RolloutError, match="sliding"):
+        BatchedForward(Qwen2ForCausalLM(sliding))
+
+
+def test_cache_reserve_keeps_contents_and_move_compacts() -> None:
+    cache = SlotKVCache(2, 1, 2, max_slots=8, dtype=torch.float32, device="cpu", min_capacity=4)
+    cache.reserve(2, 3)
+    assert (cache.slots, cache.capacity) == (2, 4)
+    for layer in range(2):
+        cache.keys[layer][1, :3] = torch.arange(6.0).view(3, 1, 2) + layer
+    cache.reserve(5, 9)  # grow both dimensions to powers of two
+    assert (cache.slots, cache.capacity) == (8, 16)
+    torch.testing.assert_close(cache.keys[1][1, :3].flatten(), torch.arange(6.0) + 1)
+    cache.move(src=1, dst=0, length=3)
+    torch.testing.assert_close(cache.keys[0][0, :3].flatten(), torch.arange(6.0))
+    cache.reserve(1, 3)  # need fell below a quarter: shrink, keeping slot 0
+    assert (cache.slots, cache.capacity) == (1, 4)
+    torch.testing.assert_close(cache.keys[0][0, :3].flatten(), torch.arange(6.0))

@@ -1,0 +1,76 @@
+"""Scheduler policy on hand-built sequences: slots stay compact, budget drives preemption."""
+
+from __future__ import annotations
+
+from asyncrl.rollout.scheduler import Scheduler, StepResult
+from asyncrl.rollout.sequence import Sequence
+from asyncrl.types import GenerationRequest, SamplingParams
+
+
+def seq(rid: str, prompt_len: int, max_tokens: int = 100) -> Sequence:
+    req = GenerationRequest(rid, tuple(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens))
+    return Sequence.from_request(req, eos_ids=(0,))
+
+
+def step(sched: Scheduler, token: int = 5) -> list[Sequence]:
+    plan = sched.schedule()
+    assert plan is not None
+    return sched.apply(plan, StepResult([token] * plan.num_rows, [-1.0] * plan.num_rows, 0))
+
+
+def test_admission_respects_slots_and_prefill_budget() -> None:
+    sched = Scheduler(max_num_seqs=3, kv_budget_tokens=1000, max_prefill_tokens=10)
+    for i in range(5):
+        sched.add(seq(f"s{i}", prompt_len=4))
+    plan = sched.schedule()
+    assert plan is not None
+    assert [s.request_id for s in plan.seqs] == ["s0", "s1"]  # 4 + 4 <= 10 < 12
+    sched.apply(plan, StepResult([5, 5], [-1.0, -1.0], 0))
+    plan = sched.schedule()
+    assert plan is not None
+    assert plan.decode_positions == (4, 4) and len(plan.prefill_contexts) == 1  # slots full at 3
+    assert [s.slot for s in sched.running] == [0, 1, 2]
+
+
+def test_leaving_sequence_is_replaced_by_the_last_slot() -> None:
+    sched = Scheduler(max_num_seqs=4, kv_budget_tokens=1000, max_prefill_tokens=100)
+    seqs = [seq(f"s{i}", prompt_len=2 + i) for i in range(4)]
+    for s in seqs:
+        sched.add(s)
+    step(sched)
+    seqs[1].finish_reason = "aborted"
+    plan = sched.schedule()
+    assert plan is not None
+    assert plan.moves == ((3, 1, seqs[3].cached_len),)
+    assert [s.request_id for s in sched.running] == ["s0", "s3", "s2"]
+    assert [s.slot for s in sched.running] == [0, 1, 2]
+
+
+def test_budget_preempts_the_youngest_and_requeues_it_first() -> None:
+    # Three prompts of 4: after prefill 12 cached; the next decode needs 15 > 14.
+    sched = Scheduler(max_num_seqs=8, kv_budget_tokens=14, max_prefill_tokens=100)
+    seqs = [seq(f"s{i}", prompt_len=4) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    step(sched)
+    assert sched.kv_used_tokens == 12
+    plan = sched.schedule()
+    assert plan is not None
+    assert sched.preemptions == 1
+    assert [s.request_id for s in sched.running] == ["s0", "s1"]
+    assert list(sched.waiting) == [seqs[2]]
+    assert seqs[2].response_ids == [5] and seqs[2].cached_len == 0  # keeps its token
+
+
+def test_finished_by_length_and_stop() -> None:
+    sched = Scheduler(max_num_seqs=2, kv_budget_tokens=100, max_prefill_tokens=100)
+    a, b = seq("a", 3, max_tokens=2), seq("b", 3)
+    sched.add(a)
+    sched.add(b)
+    assert step(sched, token=5) == []
+    plan = sched.schedule()
+    assert plan is not None
+    finished = sched.apply(plan, StepResult([6, 0], [-1.0, -1.0], 0))
+    assert finished == [a, b]  # a hits max_tokens, b hits EOS
+    assert (a.finish_reason, b.finish_reason) == ("length", "stop")
+    assert a.response_ids == [5, 6] and b.response_ids == [5, 0]
