@@ -41,6 +41,11 @@ def train(args: list[str]) -> int:
 
 
 def show_config(args: list[str]) -> int:
+    if "--reference" in args:
+        from asyncrl.config import reference_markdown
+
+        print(reference_markdown())
+        return 0
     path, overrides = _split_args(args)
     cfg = load_config(path, overrides)
     print(dump_config(cfg), end="")

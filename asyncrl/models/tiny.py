@@ -1,4 +1,4 @@
-"""The built-in tiny model: a character tokenizer and a small Qwen2, warmed up by SFT.
+"""The built-in tiny model: a character tokenizer and a small Llama, warmed up by SFT.
 
 `load_tiny(cache_dir)` returns (model, tokenizer) from the user's cache, building it when
 missing: random init, then a short supervised pass on the built-in arithmetic task that stops
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, LlamaConfig, LlamaForCausalLM
 
 from asyncrl.data import make_task
 from asyncrl.models.tokenizer import build_char_tokenizer
@@ -52,14 +52,17 @@ def default_cache_dir() -> Path:
     return Path(root)
 
 
-def build_model(spec: TinySpec, vocab_size: int, pad_id: int, eos_id: int) -> Qwen2ForCausalLM:
+# Llama rather than Qwen2: transformers 5 loads any tokenizer saved beside a qwen2 config as
+# its own byte-level Qwen2Tokenizer (dropping our character pre-tokenizer); for llama it keeps
+# the saved TokenizersBackend, so the cached model reloads with `AutoTokenizer` unchanged.
+def build_model(spec: TinySpec, vocab_size: int, pad_id: int, eos_id: int) -> LlamaForCausalLM:
     torch.manual_seed(spec.seed)
-    config = Qwen2Config(
+    config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
         intermediate_size=spec.intermediate_size, max_position_embeddings=spec.max_positions,
         tie_word_embeddings=True, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=None)
-    return Qwen2ForCausalLM(config)
+    return LlamaForCausalLM(config)
 
 
 def arithmetic_examples(n: int, max_operand: int, seed: int) -> list[tuple[str, str]]:

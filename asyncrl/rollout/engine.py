@@ -270,6 +270,11 @@ class TorchEngine:
                     await self._wait_for_work(loop)
                     continue
                 await self._step(loop, plan)
+        except Exception as error:  # a scheduler bug: fail every caller loudly, not "aborted"
+            wrapped = RolloutError(f"TorchEngine loop crashed: {error!r}")
+            for seq in self._scheduler.clear():
+                self._fail(seq, wrapped)
+            raise
         finally:
             self._forget_in_flight()
 

@@ -45,6 +45,20 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The HF RMSNorm; in float32 as one fused call (bit-identical there, far fewer ops)."""
+    if x.dtype != torch.float32:
+        return norm(x)
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+
+
+def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool mask → 0 / -inf once per step (SDPA would otherwise convert it in every layer)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, float("-inf")
+    )
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: (B, T, H, D); cos/sin: (B, T, 1, D). Same formula as HF's apply_rotary_pos_emb."""
     return (x * cos) + (_rotate_half(x) * sin)
@@ -85,11 +99,11 @@ class BatchedForward:
         return _rope(q, cos, sin), _rope(k, cos, sin), v
 
     def _mlp_residual(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + layer.mlp(_rms_norm(layer.post_attention_layernorm, h))
 
     def _logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """h_last: (B, hidden) pre-norm hidden state of each row's last position."""
-        return self.lm_head(self.base.norm(h_last)).float()
+        return self.lm_head(_rms_norm(self.base.norm, h_last)).float()
 
     def decode(
         self, cache: SlotKVCache, token_ids: torch.Tensor, positions: torch.Tensor
@@ -105,9 +119,10 @@ class BatchedForward:
         cos, sin = self.base.rotary_emb(h, positions[:, None])  # (B, 1, D)
         cos, sin = cos[:, :, None], sin[:, :, None]
         # (B, 1, 1, L): each row sees its own keys 0..position; the rest of the view is padding.
-        mask = (torch.arange(length, device=h.device)[None] <= positions[:, None])[:, None, None]
+        allowed = torch.arange(length, device=h.device)[None] <= positions[:, None]
+        mask = _additive_mask(allowed[:, None, None], h.dtype)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, layer.input_layernorm(h), cos, sin)
+            q, k, v = self._qkv(layer, _rms_norm(layer.input_layernorm, h), cos, sin)
             keys, values = cache.keys[i], cache.values[i]
             keys[rows, positions] = k[:, 0]
             values[rows, positions] = v[:, 0]
@@ -141,9 +156,9 @@ class BatchedForward:
         cos, sin = cos[:, :, None], sin[:, :, None]
         causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
         valid_key = torch.arange(t, device=device)[None] < lengths[:, None]  # (n, T)
-        mask = causal[None, None] & valid_key[:, None, None, :]  # (n, 1, T, T)
+        mask = _additive_mask(causal[None, None] & valid_key[:, None, None, :], h.dtype)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, layer.input_layernorm(h), cos, sin)
+            q, k, v = self._qkv(layer, _rms_norm(layer.input_layernorm, h), cos, sin)
             cache.keys[i][first_slot : first_slot + n, :t] = k
             cache.values[i][first_slot : first_slot + n, :t] = v
             out = F.scaled_dot_product_attention(

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from asyncrl.errors import SyncError
+from asyncrl.errors import ConfigError, SyncError
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.sampler import SamplingBatch, sample
 from asyncrl.rollout.scheduler import StepPlan, StepResult
@@ -34,6 +34,9 @@ class StepRunner:
     ) -> None:
         self.model = model
         self.device = torch.device(device)
+        weights_on = next(model.parameters()).device
+        if weights_on.type != self.device.type:
+            raise ConfigError(f"the model is on {weights_on} but device={device!r}; move the model")
         self.forward = BatchedForward(model)
         self.cache = self.forward.new_cache(max_num_seqs, self.device)
         self.lock = threading.Lock()

@@ -10,7 +10,6 @@ It does not know about pipelines, engines or processes.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -25,12 +24,17 @@ from asyncrl.training.batch import TrainBatch, micro_batches, split_rows
 from asyncrl.training.optim import make_optimizer, set_seed_state, seed_state
 
 
+# Ratio-like metrics are averaged over micro-batches by row share; loss-like ones are already
+# shares of the mini-batch aggregate (global counts) and are summed.
+_AVERAGED = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/kl_coef")
+
+
 def response_logits(model: nn.Module, batch: TrainBatch) -> torch.Tensor:
     """Logits that predict each response token. # (B, T, V)"""
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                 position_ids=batch.position_ids, use_cache=False)
     P, T = batch.prompt_width, batch.responses.shape[1]
-    return out.logits[:, P - 1 : P - 1 + T].float()
+    return out.logits[:, P - 1 : P - 1 + T]
 
 
 class RefWorker:
@@ -85,11 +89,15 @@ class Actor:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = defaultdict(float)
-        for mb, weight in self._weighted_micro_batches(mini):
-            loss, mb_metrics = self._micro_batch_loss(mb)
-            (loss * weight).backward()
+        counts = {"global_token_count": float(mini.response_mask.sum()),
+                  "global_seq_count": float((mini.response_mask.sum(-1) > 0).sum())}
+        for mb in micro_batches(mini, self.cfg.ppo_micro_batch_tokens):
+            # Each micro-batch loss is its share of the mini-batch aggregate (global counts), so
+            # the summed gradients equal one pass over the whole mini-batch for every agg mode.
+            loss, mb_metrics = self._micro_batch_loss(mb, counts)
+            loss.backward()
             for k, v in mb_metrics.items():
-                metrics[k] += v * weight
+                metrics[k] += v * (mb.size / mini.size if k in _AVERAGED else 1.0)
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -97,14 +105,7 @@ class Actor:
         metrics["actor/grad_norm"] = float(grad_norm)
         return metrics
 
-    def _weighted_micro_batches(self, mini: TrainBatch) -> Iterator[tuple[TrainBatch, float]]:
-        token_mean = self.cfg.loss_agg_mode == "token-mean"
-        total = float(mini.response_mask.sum()) if token_mean else float(mini.size)
-        for mb in micro_batches(mini, self.cfg.ppo_micro_batch_tokens):
-            part = float(mb.response_mask.sum()) if token_mean else float(mb.size)
-            yield mb, part / max(total, 1.0)
-
-    def _micro_batch_loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_batch_loss(self, mb: TrainBatch, counts: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
         logits = response_logits(self.model, mb)
         log_prob = logprobs_from_logits(logits, mb.responses, self.temperature)
@@ -112,20 +113,20 @@ class Actor:
             cfg.policy_loss, mb.old_log_probs, log_prob, mb.advantages, mb.response_mask,
             loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-            is_weights=mb.is_weights, norm_length=self.norm_length)
-        entropy = self._agg(entropy_from_logits(logits.detach() if not cfg.entropy_coeff else logits), mb)
+            is_weights=mb.is_weights, norm_length=self.norm_length, **counts)
+        entropy = self._agg(entropy_from_logits(logits.detach() if not cfg.entropy_coeff else logits), mb, counts)
         metrics = dict(metrics) | {"actor/entropy": float(entropy)}
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * entropy
         if cfg.use_kl_loss:
             assert mb.ref_log_probs is not None, "actor.use_kl_loss needs reference log-probs"
-            kl = self._agg(kl_penalty(log_prob, mb.ref_log_probs, cfg.kl_loss_type), mb)
+            kl = self._agg(kl_penalty(log_prob, mb.ref_log_probs, cfg.kl_loss_type), mb, counts)
             loss = loss + cfg.kl_loss_coef * kl
             metrics |= {"actor/kl_loss": float(kl), "actor/kl_coef": cfg.kl_loss_coef}
         return loss, metrics
 
-    def _agg(self, values: torch.Tensor, mb: TrainBatch) -> torch.Tensor:
-        return agg_loss(values, mb.response_mask, self.cfg.loss_agg_mode, norm_length=self.norm_length)
+    def _agg(self, values: torch.Tensor, mb: TrainBatch, counts: dict[str, float]) -> torch.Tensor:
+        return agg_loss(values, mb.response_mask, self.cfg.loss_agg_mode, norm_length=self.norm_length, **counts)
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """Detached parameter tensors by name, for weight sync (no copy)."""

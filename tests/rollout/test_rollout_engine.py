@@ -222,3 +222,24 @@ def test_invalid_requests_raise_and_cancelled_callers_free_their_slot() -> None:
             await eng.generate(request("late", prompt(4, 0), 3))
 
     asyncio.run(main())
+
+
+def test_load_weights_from_another_thread_lands_between_steps() -> None:
+    model, other = tiny_model(seed=0), tiny_model(seed=1)
+    new_weights = [(n, p.detach().clone()) for n, p in other.named_parameters()]
+
+    async def main() -> list[Trajectory]:
+        eng = engine(model)
+        tasks = [asyncio.create_task(eng.generate(r)) for r in staggered_requests(6)]
+        await wait_for_tokens(eng, 10)
+        await asyncio.to_thread(eng.load_weights, new_weights, 2)  # no pause: takes the step lock
+        outs = await asyncio.gather(*tasks)
+        await eng.aclose()
+        return list(outs)
+
+    outs = asyncio.run(main())
+    assert any(o.end_version == 2 for o in outs)
+    for o in outs:
+        assert o.versions == sorted(o.versions) and set(o.versions) <= {0, 2}
+    for name, tensor in new_weights:
+        torch.testing.assert_close(dict(model.named_parameters())[name].detach(), tensor)

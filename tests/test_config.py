@@ -1,0 +1,74 @@
+"""Configuration: overrides, type checks, unknown keys, cross-field rules, YAML round trip."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from asyncrl import config as C
+from asyncrl.algorithms import ADV_ESTIMATOR_NAMES, LOSS_AGG_MODES, POLICY_LOSS_NAMES
+from asyncrl.config import config_from_dict, dump_config, field_docs, load_config
+from asyncrl.config_schema import Config
+from asyncrl.data import TASKS
+from asyncrl.errors import ConfigError
+
+
+def test_defaults_and_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("rollout:\n  n: 4\nalgorithm:\n  adv_estimator: rloo\n")
+    cfg = load_config(path, ["rollout.n=6", "trainer.logger=[jsonl]", "actor.lr=3e-5"])
+    assert cfg.rollout.n == 6 and cfg.algorithm.adv_estimator == "rloo"
+    assert cfg.trainer.logger == ("jsonl",) and cfg.actor.lr == pytest.approx(3e-5)
+
+
+def test_dump_round_trips_identically(tmp_path):
+    cfg = load_config(None, ["pipeline=fully_async", "async_training.staleness_threshold=0.5",
+                             "actor.betas=[0.8, 0.95]"])
+    assert config_from_dict(yaml.safe_load(dump_config(cfg))) == cfg
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("rollout.nn=3", "did you mean rollout.n?"),
+    ("algorithm.adv_estimatr=grpo", "did you mean algorithm.adv_estimator?"),
+    ("rollout.n=abc", "rollout.n must be int"),
+    ("actor.lr=true", "actor.lr must be float"),
+    ("algorithm.adv_estimator=grop", "did you mean grpo?"),
+    ("data.train_batch_size=30", "actor.ppo_mini_batch_size"),
+    ("async_training.partial_rollout=true", "async_training.staleness_threshold"),
+    ("rollout.n=1", "rollout.n >= 2"),
+    ("novalue", "section.key=value"),
+])
+def test_bad_values_name_the_key(override, needle):
+    with pytest.raises(ConfigError, match=None) as err:
+        load_config(None, [override])
+    assert needle in str(err.value)
+
+
+def test_every_field_is_documented():
+    import dataclasses
+
+    def walk(cls):
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
+            if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+                walk(f.default_factory)
+
+    walk(Config)
+
+
+def test_choice_lists_match_the_registries():
+    assert set(C.ADV_ESTIMATORS) == set(ADV_ESTIMATOR_NAMES)
+    assert set(C.POLICY_LOSSES) == set(POLICY_LOSS_NAMES)
+    assert set(C.LOSS_AGG_MODES) == set(LOSS_AGG_MODES)
+    assert set(C.TASKS) == set(TASKS)
+
+
+def test_reference_doc_is_current():
+    from pathlib import Path
+
+    from asyncrl.config import reference_markdown
+
+    doc = Path(__file__).parents[1] / "docs" / "configuration.md"
+    assert doc.read_text().strip() == reference_markdown().strip(), \
+        "regenerate: asyncrl config --reference > docs/configuration.md"

@@ -1,0 +1,35 @@
+"""Random tiny causal LMs and hand-made groups for training tests (no hub, no warm-up)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from asyncrl.types import Group, PromptRow, Trajectory
+
+VOCAB = 32
+
+
+def tiny_lm(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def make_groups(n_prompts: int = 2, n: int = 3, seed: int = 0) -> list[Group]:
+    """Groups with ragged prompts/responses and rewards that differ within each group."""
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for p in range(n_prompts):
+        prompt = torch.randint(3, VOCAB, (2 + p,), generator=g).tolist()
+        trajs = []
+        for i in range(n):
+            resp = torch.randint(3, VOCAB, (1 + (i + p) % 4,), generator=g).tolist()
+            trajs.append(Trajectory(request_id=f"p{p}/{i}", prompt_ids=prompt, response_ids=resp,
+                                    logprobs=[-1.0] * len(resp), versions=[0] * len(resp),
+                                    finish_reason="stop", reward=float(i % 2)))
+        row = PromptRow(uid=f"p{p}", data_source="arithmetic", messages=(), ground_truth="0",
+                        prompt_ids=tuple(prompt))
+        groups.append(Group(uid=f"p{p}", row=row, trajectories=trajs))
+    return groups
