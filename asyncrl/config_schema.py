@@ -61,10 +61,10 @@ class RolloutConfig:
     """Maximum sequences decoded together by one engine."""
     num_engines: int = 1
     """Rollout engines behind the router."""
-    val_n: int = 1
+    val_n: int = 4
     """Responses per validation prompt (mean@k / pass@k over them)."""
-    val_temperature: float = 0.0
-    """Validation sampling temperature (0 = greedy)."""
+    val_temperature: float = 1.0
+    """Validation sampling temperature (0 = greedy); at the training temperature mean@k is the policy's expected reward."""
     nnodes: int = 1
     """Nodes given to rollout in decoupled pipelines."""
     n_gpus_per_node: int = 0
@@ -185,7 +185,7 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    total_training_steps: int = 40
+    total_training_steps: int = 60
     """Optimizer steps (policy updates) in the run."""
     test_freq: int = 10
     """Validate every N steps (0 = only at start and end)."""

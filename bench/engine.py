@@ -109,14 +109,21 @@ def run_hf(model: LlamaForCausalLM, reqs: list[GenerationRequest], batch_size: i
     return time.perf_counter() - t0
 
 
-def best_of(repeats: int, fn: Callable[[], float]) -> tuple[float, float]:
-    """Best wall time over repeats, and the worst foreign CPU load seen."""
-    times, foreign = [], 0.0
-    for _ in range(repeats):
+def best_of(repeats: int, fn: Callable[[], float], max_foreign: float, max_tries: int
+            ) -> tuple[float, float]:
+    """Fastest of `repeats` clean runs (foreign load <= max_foreign), retrying noisy ones.
+
+    The machine is shared: another process using a core makes 2-thread torch runs many times
+    slower. If no run is clean after `max_tries`, the fastest run counts and the foreign load
+    reported with it says so.
+    """
+    runs: list[tuple[float, float]] = []
+    while len(runs) < max_tries and sum(f <= max_foreign for _, f in runs) < repeats:
         with ForeignLoad() as load:
-            times.append(fn())
-        foreign = max(foreign, load.cores)
-    return min(times), foreign
+            secs = fn()
+        runs.append((secs, load.cores))
+    clean = [r for r in runs if r[1] <= max_foreign] or runs
+    return min(clean)
 
 
 def bench_model(name: str, args: argparse.Namespace, threads: int) -> list[dict[str, object]]:
@@ -127,11 +134,13 @@ def bench_model(name: str, args: argparse.Namespace, threads: int) -> list[dict[
     useful = sum(r.params.max_tokens for r in reqs)
     run_engine(model, reqs[:8], 8)  # warm up allocator and kernels
     rows = []
-    secs, foreign = best_of(args.repeats, lambda: run_engine(model, reqs, args.max_num_seqs))
+    secs, foreign = best_of(args.repeats, lambda: run_engine(model, reqs, args.max_num_seqs),
+                            args.max_foreign, args.repeats + 3)
     rows.append(dict(model=name, threads=threads, system="TorchEngine",
                      batch=args.max_num_seqs, seconds=secs, foreign_cores=foreign))
     for bs in args.hf_batch_sizes:
-        secs, foreign = best_of(args.hf_repeats, lambda: run_hf(model, reqs, bs))
+        secs, foreign = best_of(args.hf_repeats, lambda: run_hf(model, reqs, bs),
+                                args.max_foreign, args.hf_repeats + 2)
         rows.append(dict(model=name, threads=threads, system="HF generate", batch=bs,
                          seconds=secs, foreign_cores=foreign))
     for row in rows:
@@ -139,6 +148,23 @@ def bench_model(name: str, args: argparse.Namespace, threads: int) -> list[dict[
                    max_new_tokens=max(r.params.max_tokens for r in reqs))
         print(json.dumps(row), flush=True)
     return rows
+
+
+def markdown_table(rows: list[dict[str, object]]) -> str:
+    """One line per (model, threads): engine vs each HF batch size, and the speedup over the best."""
+    lines = ["| model | threads | TorchEngine tok/s | HF generate tok/s (batch) | speedup vs best HF "
+             "| foreign cores (engine / HF) |", "|---|---|---|---|---|---|"]
+    keys = sorted({(str(r["model"]), int(r["threads"])) for r in rows}, key=lambda k: (k[0], -k[1]))
+    for model, threads in keys:
+        group = [r for r in rows if r["model"] == model and r["threads"] == threads]
+        eng = next(r for r in group if r["system"] == "TorchEngine")
+        hf = [r for r in group if r["system"] == "HF generate"]
+        best = max(float(r["tokens_per_s"]) for r in hf)
+        hf_txt = ", ".join(f"{float(r['tokens_per_s']):.0f} ({r['batch']})" for r in hf)
+        foreign = "/".join(f"{float(r['foreign_cores']):.2f}" for r in [eng, *hf])
+        lines.append(f"| {model} | {threads} | {float(eng['tokens_per_s']):.0f} | {hf_txt} | "
+                     f"{float(eng['tokens_per_s']) / best:.1f}x | {foreign} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -153,6 +179,8 @@ def main() -> None:
     ap.add_argument("--cap", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3, help="engine runs; the best counts")
     ap.add_argument("--hf-repeats", type=int, default=1, help="HF runs (slow); the best counts")
+    ap.add_argument("--max-foreign", type=float, default=0.25,
+                    help="retry a run when other processes used more CPU cores than this")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results/engine.json")
     args = ap.parse_args()
@@ -165,6 +193,7 @@ def main() -> None:
     meta = dict(torch=torch.__version__, python=platform.python_version(),
                 cpus=os.cpu_count(), args={k: v for k, v in vars(args).items()})
     Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
+    print(markdown_table(rows))
 
 
 if __name__ == "__main__":

@@ -8,33 +8,33 @@
 
 This is the baseline the decoupled pipelines are measured against (SPEC §1): on-policy,
 old log-probs recomputed by the actor, DAPO dynamic sampling optional
-(`algorithm.filter_groups`). It does not overlap anything.
+(`algorithm.filter_groups`). It overlaps nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from asyncrl.pipelines.common import (
-    after_step, close, interrupted, resume, validate_before_training)
+from asyncrl.pipelines.common import after_step, finish, interrupted, start, validate_before_training
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.telemetry.metrics import timer
-from asyncrl.types import Group
+from asyncrl.types import Group, PromptRow
 
 
 async def run(ctx: RunContext) -> int:
     """Train until trainer.total_training_steps; returns the last finished step."""
-    step, _ = resume(ctx)
+    step = 0
     try:
+        step, _ = await start(ctx)
         await validate_before_training(ctx, step)
         while step < ctx.cfg.trainer.total_training_steps:
             await train_one_step(ctx, step + 1)
             step += 1
     except (KeyboardInterrupt, asyncio.CancelledError):
-        interrupted(ctx, step)
+        await interrupted(ctx, step)
         raise
     finally:
-        close(ctx)
+        finish(ctx)
     return step
 
 
@@ -44,22 +44,20 @@ async def train_one_step(ctx: RunContext, step: int) -> None:
         groups = await generate_batch(ctx, step, metrics)
         if groups:
             mini = max(1, len(groups) // ctx.cfg.actor.ppo_mini_batch_size)
-            ctx.trainer.train(groups, mini, metrics)
-            with timer("param_sync", metrics):
-                ctx.rollout.load_weights(ctx.actor.named_weights(), ctx.actor.version)
+            metrics |= await ctx.trainer.call("train_groups", groups, mini)
+            metrics |= await ctx.synchronizer.sync(await ctx.trainer.call("get_version"))
     await after_step(ctx, step, metrics, groups)
 
 
 async def generate_batch(ctx: RunContext, step: int, metrics: dict[str, float]) -> list[Group]:
     """train_batch_size scored groups; with dynamic sampling, groups whose rewards all agree
     are dropped and more prompts are generated (up to max_num_gen_batches rounds)."""
-    cfg = ctx.cfg
-    want, fg = cfg.data.train_batch_size, cfg.algorithm.filter_groups
+    want, fg = ctx.cfg.data.train_batch_size, ctx.cfg.algorithm.filter_groups
     kept: list[Group] = []
     rounds = 0
     while len(kept) < want and (rounds == 0 or not fg.max_num_gen_batches or rounds < fg.max_num_gen_batches):
         rounds += 1
-        groups = await _generate_scored(ctx, ctx.prompts.next_batch(), f"@{step}.{rounds}", metrics)
+        groups = await generate_scored(ctx, ctx.prompts.next_batch(), f"@{step}.{rounds}", metrics)
         kept += [g for g in groups if len(set(g.rewards_G)) > 1] if fg.enable else groups
     if fg.enable:
         metrics["train/num_gen_batches"] = rounds
@@ -67,11 +65,14 @@ async def generate_batch(ctx: RunContext, step: int, metrics: dict[str, float]) 
     return kept[:want]
 
 
-async def _generate_scored(ctx: RunContext, rows: list, suffix: str, metrics: dict[str, float]) -> list[Group]:
+async def generate_scored(ctx: RunContext, rows: list[PromptRow], suffix: str,
+                          metrics: dict[str, float]) -> list[Group]:
+    n = ctx.cfg.rollout.n
     with timer("gen", metrics):
-        groups = await ctx.rollout.generate_groups(rows, ctx.cfg.rollout.n, uid_suffix=suffix)
+        groups = await asyncio.gather(*(
+            ctx.rollout.generate_scored(r, n, r.uid + suffix, "train", False) for r in rows))
     with timer("reward", metrics):
-        ctx.reward.score_groups(groups)
+        groups = await ctx.rollout.handles[0].call("score", list(groups))
     if ctx.cfg.algorithm.adv_estimator == "remax":
         await _remax_baselines(ctx, groups, suffix, metrics)
     return groups
@@ -80,8 +81,7 @@ async def _generate_scored(ctx: RunContext, rows: list, suffix: str, metrics: di
 async def _remax_baselines(ctx: RunContext, groups: list[Group], suffix: str, metrics: dict[str, float]) -> None:
     """ReMax's baseline: the reward of one greedy response per prompt."""
     with timer("gen_max", metrics):
-        greedy = await ctx.rollout.generate_groups([g.row for g in groups], 1,
-                                                   uid_suffix=suffix + "/greedy", validate=True)
-        ctx.reward.score_groups(greedy)
+        greedy = await asyncio.gather(*(
+            ctx.rollout.generate_scored(g.row, 1, g.uid + "/greedy", "greedy") for g in groups))
     for g, b in zip(groups, greedy):
         g.baseline_reward = b.trajectories[0].reward

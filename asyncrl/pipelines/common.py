@@ -1,34 +1,36 @@
 """What every pipeline does around its loop: resume, validate on schedule, checkpoint on
-schedule, log a step, and stop cleanly (a checkpoint on Ctrl-C, the trace and sinks closed).
-The loops themselves live one per file next to this module.
+schedule, log a step, and stop cleanly (a checkpoint on Ctrl-C, the trace, sinks and workers
+closed). The loops themselves live one per file next to this module.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from asyncrl.pipelines.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from asyncrl.pipelines.setup import RunContext, open_tracker
-from asyncrl.pipelines.validation import validate
 from asyncrl.telemetry.metrics import group_metrics, timer
 from asyncrl.types import Group
 
 
-def resume(ctx: RunContext) -> tuple[int, dict[str, Any]]:
-    """(last finished step, pipeline extras) from the latest checkpoint, or (0, {})."""
+async def start(ctx: RunContext) -> tuple[int, dict[str, Any]]:
+    """Set up weight sync, resume from the latest checkpoint if any: (last step, extras)."""
+    await ctx.synchronizer.setup()
     path = latest_checkpoint(ctx) if ctx.cfg.trainer.resume else None
     state: dict[str, Any] = {"step": 0, "extra": {}}
     if path is not None:
-        state = load_checkpoint(ctx, path)
+        state = await load_checkpoint(ctx, path)
+        await ctx.synchronizer.sync(await ctx.trainer.call("get_version"))
         ctx.log(f"resumed from {path} (step {state['step']})")
     ctx.tracker = open_tracker(ctx, state["step"])
     return state["step"], state["extra"]
 
 
 async def run_validation(ctx: RunContext, step: int) -> dict[str, float]:
-    return await validate(ctx.rollout, ctx.reward, ctx.val_rows, ctx.cfg.rollout.val_n, tag=str(step))
+    if not ctx.val_rows:
+        return {}
+    return await ctx.rollout.handles[0].call("validate", ctx.val_rows, ctx.cfg.rollout.val_n, str(step))
 
 
 def due(step: int, freq: int, total: int) -> bool:
@@ -36,24 +38,26 @@ def due(step: int, freq: int, total: int) -> bool:
 
 
 async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
-                     groups: Sequence[Group], extra: dict[str, Any] | None = None) -> None:
+                     groups: Sequence[Group], extra: dict[str, Any] | None = None,
+                     validate_now: bool | None = None) -> None:
     """Data metrics, scheduled validation and checkpoint, then log the step."""
     t = ctx.cfg.trainer
     if groups:
         metrics |= group_metrics(groups, ctx.cfg.data.max_response_length)
-    metrics |= ctx.reward.metrics()
+    for stats in await ctx.rollout.call_all("stats"):
+        metrics |= stats
     metrics["training/global_step"] = step
     metrics["training/epoch"] = ctx.prompts.epoch
-    if due(step, t.test_freq, t.total_training_steps):
+    if validate_now if validate_now is not None else due(step, t.test_freq, t.total_training_steps):
         metrics |= await run_validation(ctx, step)
     if due(step, t.save_freq, t.total_training_steps):
         with timer("save_checkpoint", metrics):
-            save_checkpoint(ctx, step, extra)
+            await save_checkpoint(ctx, step, extra)
     log_step(ctx, step, metrics)
 
 
 def log_step(ctx: RunContext, step: int, metrics: dict[str, float]) -> None:
-    assert ctx.tracker is not None, "call resume() before logging"
+    assert ctx.tracker is not None, "call start() before logging"
     ctx.tracker.log(metrics, step)
 
 
@@ -62,18 +66,32 @@ async def validate_before_training(ctx: RunContext, step: int) -> None:
         log_step(ctx, 0, await run_validation(ctx, 0))
 
 
-def interrupted(ctx: RunContext, step: int, extra: dict[str, Any] | None = None) -> None:
+async def interrupted(ctx: RunContext, step: int, extra: dict[str, Any] | None = None) -> None:
     """Ctrl-C: keep the work done so far."""
     if step > 0:
-        path = save_checkpoint(ctx, step, extra)
+        path = await save_checkpoint(ctx, step, extra)
         ctx.log(f"interrupted: saved {path}; run the same command again to resume")
 
 
-def close(ctx: RunContext) -> None:
+def finish(ctx: RunContext) -> None:
     ctx.trace.export(ctx.output_dir / "trace.json")
     if ctx.tracker is not None:
         ctx.tracker.close()
+    ctx.close()
 
 
-def wall_clock() -> float:
-    return time.perf_counter()
+def staleness_metrics(groups: Sequence[Group], version: int) -> dict[str, float]:
+    """How far behind `version` (the weights being trained) the samples were produced."""
+    starts = [t.start_version for g in groups for t in g.trajectories]
+    if not starts:
+        return {}
+    lags = [version - v for v in starts]
+    partial = [t.num_segments > 1 for g in groups for t in g.trajectories]
+    return {"staleness/version_lag_mean": sum(lags) / len(lags), "staleness/version_lag_max": max(lags),
+            "fully_async/count/stale_samples_processed": sum(lag > 0 for lag in lags),
+            "fully_async/count/stale_trajectory_processed": sum(
+                any(version - t.start_version > 0 for t in g.trajectories) for g in groups),
+            "fully_async/partial/total_partial_num": sum(partial),
+            "fully_async/partial/partial_ratio": sum(partial) / len(partial),
+            "fully_async/partial/max_partial_span": max(
+                (t.end_version - t.start_version for g in groups for t in g.trajectories), default=0)}

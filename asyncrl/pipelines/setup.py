@@ -1,57 +1,76 @@
-"""Build everything a run needs from the config: model, data, engines, workers, sinks.
-
-`build_context(cfg)` is the only place that reads the whole config; each worker receives its
-own section. The returned `RunContext` is what a pipeline loop drives.
+"""Build a run from the config: data and prompt stream in the driver, the rollout and trainer
+sides behind worker handles (in this process or in Ray actors), the weight synchronizer and
+the metric sinks. `build_context(cfg)` is the only place that reads the whole config.
 """
 
 from __future__ import annotations
 
-import copy
+import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from asyncrl.config import config_to_dict, dump_config
 from asyncrl.config_schema import Config
-from asyncrl.data import PromptIterator, load_rows, make_task, tokenize_rows
-from asyncrl.errors import ConfigError
+from asyncrl.data import PromptIterator
 from asyncrl.models import load_model
-from asyncrl.rollout import TorchEngine
+from asyncrl.sync import ParameterSynchronizer
 from asyncrl.telemetry.loggers import Tracker, make_tracker
 from asyncrl.telemetry.trace import Trace
-from asyncrl.training.actor import Actor, RefWorker
-from asyncrl.training.critic import Critic
 from asyncrl.training.optim import seed_everything
-from asyncrl.types import PromptRow
-from asyncrl.workers.reward import RewardWorker
-from asyncrl.workers.rollout import RolloutWorker
-from asyncrl.workers.trainer import PPOTrainer
+from asyncrl.types import Group, PromptRow
+from asyncrl.workers.factory import build_trainer_side, load_data
+from asyncrl.workers.group import LocalHandle, WorkerHandle
+from asyncrl.workers.rollout import Mode
+from asyncrl.workers.rollout_server import build_rollout_server
+
+
+class RolloutRouter:
+    """Several rollout hosts behind one door: each group goes to the least-loaded host."""
+
+    def __init__(self, handles: Sequence[WorkerHandle]) -> None:
+        self.handles = list(handles)
+        self._in_flight = [0] * len(self.handles)
+
+    async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
+                              score: bool = True) -> Group:
+        i = min(range(len(self.handles)), key=self._in_flight.__getitem__)
+        self._in_flight[i] += 1
+        try:
+            return await self.handles[i].call("generate_scored", row, n, uid, mode, score)
+        finally:
+            self._in_flight[i] -= 1
+
+    async def call_all(self, method: str, *args: Any) -> list[Any]:
+        import asyncio
+
+        return list(await asyncio.gather(*(h.call(method, *args) for h in self.handles)))
 
 
 @dataclass
 class RunContext:
     cfg: Config
     output_dir: Path
-    model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     train_rows: list[PromptRow]
     val_rows: list[PromptRow]
     prompts: PromptIterator
-    rollout: RolloutWorker
-    reward: RewardWorker
-    trainer: PPOTrainer
+    rollout: RolloutRouter
+    trainer: WorkerHandle
+    synchronizer: ParameterSynchronizer
     trace: Trace
     log: Callable[[str], None] = print
     tracker: Tracker | None = None
     counters: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def actor(self) -> Actor:
-        return self.trainer.actor
+    def close(self) -> None:
+        for handle in [*self.rollout.handles, self.trainer]:
+            handle.close()
 
 
 def set_threads(n: int) -> None:
@@ -61,21 +80,43 @@ def set_threads(n: int) -> None:
 def build_context(cfg: Config, *, old_log_prob_source: str = "recompute",
                   log: Callable[[str], None] = print) -> RunContext:
     seed_everything(cfg.seed)
-    set_threads(cfg.num_threads)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
-    model, tok = load_model(cfg.model, log)
-    train_rows, val_rows = _load_data(cfg, tok, log)
-    reward = RewardWorker(tok, cfg.reward)
-    reward.check(train_rows + val_rows)
-    rollout = RolloutWorker(_engines(cfg, model, tok), cfg.rollout,
-                            max_tokens=cfg.data.max_response_length, seed=cfg.seed)
-    trainer = _trainer(cfg, model, tok, old_log_prob_source)
+    model, tok = load_model(cfg.model, log)  # builds the tiny model once, before any host does
+    train_rows, val_rows = load_data(cfg, tok, log)
+    rollout_cpus, trainer_cpus = _cpus(cfg)
+    set_threads(rollout_cpus if cfg.backend == "local" else cfg.num_threads)
+    make_handle = _handle_factory(cfg.backend)
+    shared = {"model": model, "tok": tok} if cfg.backend == "local" else {}
+    rollout = make_handle("rollout0", functools.partial(build_rollout_server, cfg, **shared),
+                          backend=cfg.backend, num_cpus=rollout_cpus)
+    trainer = make_handle("trainer", functools.partial(build_trainer_side, cfg, old_log_prob_source, **shared),
+                          backend=cfg.backend, num_cpus=trainer_cpus)
+    transport = "inprocess" if cfg.backend == "local" else "object_store"
+    sync = ParameterSynchronizer(trainer, [rollout], transport)
     prompts = PromptIterator(train_rows, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed)
-    return RunContext(cfg=cfg, output_dir=out, model=model, tokenizer=tok, train_rows=train_rows,
-                      val_rows=val_rows, prompts=prompts, rollout=rollout, reward=reward,
-                      trainer=trainer, trace=Trace(), log=log)
+    return RunContext(cfg=cfg, output_dir=out, tokenizer=tok, train_rows=train_rows, val_rows=val_rows,
+                      prompts=prompts, rollout=RolloutRouter([rollout]), trainer=trainer,
+                      synchronizer=sync, trace=Trace(), log=log)
+
+
+def _handle_factory(backend: str) -> Callable[..., WorkerHandle]:
+    """Handles for the chosen substrate; Ray is imported (and started) only when asked for."""
+    if backend == "local":
+        return lambda name, factory, *, backend, num_cpus: LocalHandle(name, factory)
+    from asyncrl.workers.ray_host import init_ray, make_handle
+
+    init_ray(os.environ.get("RAY_ADDRESS"))
+    return make_handle
+
+
+def _cpus(cfg: Config) -> tuple[int, int]:
+    """Cores per side. Colocated: every phase uses all cores in turn; decoupled: each side its own."""
+    if cfg.pipeline == "colocated":
+        n = cfg.num_threads or os.cpu_count() or 1
+        return n, n
+    return cfg.rollout.num_cpus, cfg.trainer.num_cpus
 
 
 def open_tracker(ctx: RunContext, initial_step: int) -> Tracker:
@@ -83,58 +124,3 @@ def open_tracker(ctx: RunContext, initial_step: int) -> Tracker:
     return make_tracker(t.logger, ctx.output_dir, total_steps=t.total_training_steps,
                         initial_step=initial_step, project=t.project_name,
                         experiment=t.experiment_name, config=config_to_dict(ctx.cfg))
-
-
-def _load_data(cfg: Config, tok: PreTrainedTokenizerBase,
-               log: Callable[[str], None]) -> tuple[list[PromptRow], list[PromptRow]]:
-    d = cfg.data
-    if d.train_files:
-        train = [r for i, f in enumerate(d.train_files) for r in load_rows(f, split_name=f"train{i}")]
-    else:
-        train = make_task(d.task, d.task_size, seed=cfg.seed, split="train")
-    if d.val_files:
-        val = [r for i, f in enumerate(d.val_files) for r in load_rows(f, split_name=f"val{i}")]
-    elif d.train_files:
-        val = []
-    else:
-        val = make_task(d.task, d.val_size, seed=cfg.seed, split="test")
-    template = d.chat_template or None
-    train, n_train_filtered = tokenize_rows(train, tok, d.max_prompt_length, chat_template=template)
-    val, n_val_filtered = tokenize_rows(val, tok, d.max_prompt_length, chat_template=template)
-    if n_train_filtered or n_val_filtered:
-        log(f"filtered prompts longer than data.max_prompt_length={d.max_prompt_length}: "
-            f"{n_train_filtered} train, {n_val_filtered} val")
-    if len(train) < d.train_batch_size:
-        raise ConfigError(f"only {len(train)} training prompts remain after filtering, fewer than "
-                          f"data.train_batch_size={d.train_batch_size}")
-    return train, val
-
-
-def _engines(cfg: Config, model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[TorchEngine]:
-    r = cfg.rollout
-    return [TorchEngine(copy.deepcopy(model).eval(), eos_token_id=eos_ids(model, tok),
-                        kv_budget_tokens=r.kv_budget_tokens, max_num_seqs=r.max_num_seqs,
-                        device=cfg.trainer.device, seed=cfg.seed + i)
-            for i in range(r.num_engines)]
-
-
-def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
-    """The tokenizer's EOS plus any the model's generation config lists (chat models have two)."""
-    extra = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
-    extra = extra if isinstance(extra, list) else [extra] if extra is not None else []
-    return sorted({tok.eos_token_id, *extra})
-
-
-def _trainer(cfg: Config, model: PreTrainedModel, tok: PreTrainedTokenizerBase,
-             old_log_prob_source: str) -> PPOTrainer:
-    ref = None
-    if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-        ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, cfg.actor.ppo_micro_batch_tokens)
-    critic = None
-    if cfg.algorithm.adv_estimator == "gae":
-        critic = Critic(model, cfg.critic, micro_batch_tokens=cfg.actor.ppo_micro_batch_tokens,
-                        loss_agg_mode=cfg.actor.loss_agg_mode)
-    actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature or 1.0,
-                  norm_length=cfg.data.max_response_length)
-    return PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
-                      old_log_prob_source=old_log_prob_source)

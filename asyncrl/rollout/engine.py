@@ -96,6 +96,11 @@ class TorchEngine:
         return self._runner.version
 
     @property
+    def model(self) -> nn.Module:
+        """The engine's own copy of the policy (for checksums; load weights via load_weights)."""
+        return self._runner.model
+
+    @property
     def is_paused(self) -> bool:
         return self._paused
 

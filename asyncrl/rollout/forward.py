@@ -154,9 +154,7 @@ class BatchedForward:
         h = self.base.embed_tokens(token_ids)  # (n, T, hidden)
         cos, sin = self.base.rotary_emb(h, positions)
         cos, sin = cos[:, :, None], sin[:, :, None]
-        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-        valid_key = torch.arange(t, device=device)[None] < lengths[:, None]  # (n, T)
-        mask = _additive_mask(causal[None, None] & valid_key[:, None, None, :], h.dtype)
+        mask = self._prefill_mask(lengths, t, h.dtype)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, _rms_norm(layer.input_layernorm, h), cos, sin)
             cache.keys[i][first_slot : first_slot + n, :t] = k
@@ -166,9 +164,20 @@ class BatchedForward:
                 k.transpose(1, 2).repeat_interleave(self.groups, dim=1),
                 v.transpose(1, 2).repeat_interleave(self.groups, dim=1),
                 attn_mask=mask,
+                is_causal=mask is None,
                 scale=self.scaling,
             )  # (n, H, T, D)
             h = h + layer.self_attn.o_proj(out.transpose(1, 2).reshape(n, t, -1))
             h = self._mlp_residual(layer, h)
         last = h[torch.arange(n, device=device), lengths - 1]
         return self._logits(last)
+
+    @staticmethod
+    def _prefill_mask(lengths: torch.Tensor, t: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """(n, 1, T, T) causal + key-padding mask; None for one row (plain causal, no T×T tensor)."""
+        if lengths.shape[0] == 1:
+            return None
+        device = lengths.device
+        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        valid_key = torch.arange(t, device=device)[None] < lengths[:, None]  # (n, T)
+        return _additive_mask(causal[None, None] & valid_key[:, None, None, :], dtype)

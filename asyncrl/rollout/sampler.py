@@ -8,15 +8,17 @@ The returned log-prob of a token is `log_softmax(logits / T)[token]` over the FU
 before top-k/top-p filtering: that is what a trainer recomputes with the same temperature, so
 behaviour and recomputed log-probs agree. For greedy rows (T = 0) it uses T = 1.
 
-Seeds: a row with a `torch.Generator` draws its uniform from it, so its samples do not depend
-on what else is in the batch (cost: one small `torch.rand` call per seeded row per step, a few
-microseconds). Rows without one share a single batched draw from the engine's generator.
+Seeds: a row with its own `random.Random` draws its uniform from it, so its samples do not
+depend on what else is in the batch (cost: one Python `random()` call per seeded row per step,
+~0.1 µs, plus one small tensor per step; a per-row `torch.rand(generator=...)` cost ~50× more).
+Rows without one share a single batched draw from the engine's `torch.Generator`.
 
 This module knows nothing about requests, stop tokens or the KV cache.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +33,7 @@ class SamplingBatch:
     temperatures: torch.Tensor  # (B,) float32, 0 → greedy
     top_k: torch.Tensor  # (B,) int64, <= 0 → off
     top_p: torch.Tensor  # (B,) float32, 1 → off
-    generators: tuple[torch.Generator | None, ...]
+    generators: tuple[random.Random | None, ...]  # per-row RNG for seeded rows
     all_greedy: bool
     any_greedy: bool
     any_filter: bool
@@ -40,7 +42,7 @@ class SamplingBatch:
     @staticmethod
     def build(
         params: list[SamplingParams],
-        generators: list[torch.Generator | None],
+        generators: list[random.Random | None],
         device: torch.device | str = "cpu",
     ) -> SamplingBatch:
         temps = [max(float(p.temperature), 0.0) for p in params]
@@ -62,26 +64,30 @@ class SamplingBatch:
 
 
 def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Index drawn from each row of non-negative `weights` (n, C) with uniforms in [0, 1).
+    """Index drawn from each row of non-negative `weights` (n, C); uniforms (n,) in (0, 1].
 
-    Uses `1 - u` in (0, 1] so a zero-weight first entry can never be picked; zero-weight entries
-    elsewhere are never picked because searchsorted returns the first index reaching the target.
+    The target is strictly positive, so a zero-weight first entry can never be picked; other
+    zero-weight entries never are either, since searchsorted returns the first index whose
+    cumulative weight reaches the target.
     """
     cdf = weights.cumsum(-1)  # (n, C)
-    target = (1.0 - uniforms)[:, None] * cdf[:, -1:]
+    target = uniforms[:, None] * cdf[:, -1:]
     return torch.searchsorted(cdf, target).squeeze(1).clamp_max(weights.shape[-1] - 1)
 
 
 def draw_uniforms(batch: SamplingBatch, default: torch.Generator | None) -> torch.Tensor:
-    """One uniform per row: per-row generators where given, one batched draw otherwise.
+    """One draw in (0, 1] per row: the row's own RNG where given, one batched draw otherwise.
 
-    Drawn on the CPU (generators are CPU generators) and moved to the logits' device.
+    (0, 1] rather than [0, 1): `1 - u` is taken in float64 before the cast, since a float64
+    draw just below 1 would round to 1.0 in float32 and a draw of 0 could pick a zero-weight
+    first token. Drawn on the CPU and moved to the logits' device.
     """
-    u = torch.rand(len(batch.generators), generator=default)
-    for row, gen in enumerate(batch.generators):
-        if gen is not None:
-            u[row] = torch.rand((), generator=gen)
-    return u.to(batch.temperatures.device)
+    u = 1.0 - torch.rand(len(batch.generators), generator=default, dtype=torch.float64)
+    seeded = [(row, 1.0 - gen.random()) for row, gen in enumerate(batch.generators) if gen is not None]
+    if seeded:
+        rows, values = zip(*seeded)
+        u[list(rows)] = torch.tensor(values, dtype=torch.float64)
+    return u.to(device=batch.temperatures.device, dtype=torch.float32)
 
 
 def _filtered_sample(

@@ -12,11 +12,13 @@ Policy, per step:
    to the front of the waiting queue with its tokens and log-probs; re-admission re-prefills
    prompt + generated tokens;
 3. admit FCFS from the waiting queue while slots, the token budget and the per-step prefill
-   budget allow (at least one prefill per step when it fits the token budget).
+   budget (rows × longest context, i.e. padded tokens) allow; one admission per step is always
+   allowed when it fits the token budget, however long its context.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ class StepPlan:
     decode_positions: tuple[int, ...]  # where that token goes in the row's cache slot
     prefill_contexts: tuple[tuple[int, ...], ...]  # prompt + generated, from position 0
     params: tuple[SamplingParams, ...]
-    generators: tuple[object, ...]  # torch.Generator | None per row
+    generators: tuple[random.Random | None, ...]  # per-row sampling RNG (seeded requests)
     seqs: tuple[Sequence, ...]  # for apply(); the step thread must not read these
 
     @property
@@ -156,13 +158,15 @@ class Scheduler:
 
     def _admit(self) -> list[Sequence]:
         used = sum(s.cached_len + 1 for s in self.running)
-        prefill_tokens = 0
+        longest = 0
         admitted: list[Sequence] = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             n = self.waiting[0].context_len
             if used + n > self.kv_budget_tokens:
                 break
-            if admitted and prefill_tokens + n > self.max_prefill_tokens:
+            # The prefill is right-padded to its longest context: bound the padded size, which
+            # is what the forward and its (rows, T, T) mask cost.
+            if admitted and (len(admitted) + 1) * max(longest, n) > self.max_prefill_tokens:
                 break
             seq = self.waiting.popleft()
             seq.slot = len(self.running)
@@ -173,5 +177,5 @@ class Scheduler:
             self.running.append(seq)
             admitted.append(seq)
             used += n
-            prefill_tokens += n
+            longest = max(longest, n)
         return admitted

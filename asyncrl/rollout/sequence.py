@@ -7,10 +7,9 @@ request ids to futures.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
-
-import torch
 
 from asyncrl.types import FinishReason, GenerationRequest, Trajectory
 
@@ -21,7 +20,7 @@ class Sequence:
 
     request: GenerationRequest
     stop_ids: frozenset[int]
-    generator: torch.Generator | None
+    generator: random.Random | None  # per-request sampling RNG when the request has a seed
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -40,7 +39,7 @@ class Sequence:
             stop.update(eos_ids)
         generator = None
         if params.seed is not None and params.temperature > 0:
-            generator = torch.Generator().manual_seed(params.seed)
+            generator = random.Random(params.seed)
         return Sequence(
             request=request,
             stop_ids=frozenset(stop),

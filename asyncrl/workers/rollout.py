@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from typing import Literal
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -16,6 +17,8 @@ import torch
 from asyncrl.config_schema import RolloutConfig
 from asyncrl.rollout import TorchEngine
 from asyncrl.types import GenerationRequest, Group, PromptRow, SamplingParams, Trajectory
+
+Mode = Literal["train", "val", "greedy"]
 
 
 class RolloutWorker:
@@ -28,11 +31,13 @@ class RolloutWorker:
         self.seed = seed
         self._load = [0] * len(engines)
 
-    def sampling_params(self, *, validate: bool = False, request_seed: int | None = None) -> SamplingParams:
-        temperature = self.cfg.val_temperature if validate else self.cfg.temperature
-        return SamplingParams(max_tokens=self.max_tokens, temperature=temperature,
-                              top_p=1.0 if validate else self.cfg.top_p,
-                              top_k=-1 if validate else self.cfg.top_k, seed=request_seed)
+    def sampling_params(self, mode: Mode = "train", request_seed: int | None = None) -> SamplingParams:
+        """train: rollout.temperature/top_p/top_k; val: rollout.val_temperature; greedy: argmax."""
+        if mode == "train":
+            return SamplingParams(max_tokens=self.max_tokens, temperature=self.cfg.temperature,
+                                  top_p=self.cfg.top_p, top_k=self.cfg.top_k, seed=request_seed)
+        temperature = self.cfg.val_temperature if mode == "val" else 0.0
+        return SamplingParams(max_tokens=self.max_tokens, temperature=temperature, seed=request_seed)
 
     def request_seed(self, request_id: str) -> int:
         return zlib.crc32(f"{self.seed}:{request_id}".encode())
@@ -47,20 +52,20 @@ class RolloutWorker:
             self._load[i] -= 1
 
     async def generate_group(self, row: PromptRow, n: int, *, uid: str | None = None,
-                             validate: bool = False) -> Group:
+                             mode: Mode = "train") -> Group:
         uid = uid or row.uid
-        requests = [self.request(row, f"{uid}/{i}", validate=validate) for i in range(n)]
+        requests = [self.request(row, f"{uid}/{i}", mode) for i in range(n)]
         trajectories = await asyncio.gather(*(self.generate(r) for r in requests))
         return Group(uid=uid, row=row, trajectories=list(trajectories))
 
-    def request(self, row: PromptRow, request_id: str, *, validate: bool = False) -> GenerationRequest:
-        params = self.sampling_params(validate=validate, request_seed=self.request_seed(request_id))
+    def request(self, row: PromptRow, request_id: str, mode: Mode = "train") -> GenerationRequest:
+        params = self.sampling_params(mode, self.request_seed(request_id))
         return GenerationRequest(request_id=request_id, prompt_ids=row.prompt_ids, params=params)
 
     async def generate_groups(self, rows: Sequence[PromptRow], n: int, *, uid_suffix: str = "",
-                              validate: bool = False) -> list[Group]:
+                              mode: Mode = "train") -> list[Group]:
         return list(await asyncio.gather(*(
-            self.generate_group(r, n, uid=r.uid + uid_suffix, validate=validate) for r in rows)))
+            self.generate_group(r, n, uid=r.uid + uid_suffix, mode=mode) for r in rows)))
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         tensors = list(named_tensors)

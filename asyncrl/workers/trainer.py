@@ -13,7 +13,9 @@ Old log-probs come from one of three sources (`old_log_prob_source`):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -22,6 +24,7 @@ from asyncrl.algorithms.agg import masked_mean
 from asyncrl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
 from asyncrl.algorithms.off_policy import truncated_is_weights
 from asyncrl.config_schema import AlgorithmConfig
+from asyncrl.sync import TrainerWeights, WeightMeta
 from asyncrl.telemetry.metrics import masked_stats, timer
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.batch import TrainBatch, build_batch
@@ -38,6 +41,7 @@ class PPOTrainer:
         self.algorithm = algorithm
         self.pad_id = pad_id
         self.old_log_prob_source = old_log_prob_source
+        self.weights = TrainerWeights(actor.model)
         kl = algorithm.kl_ctrl
         self.kl_ctrl = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
                         if kl.type == "adaptive" else FixedKLController(kl.kl_coef))
@@ -60,8 +64,45 @@ class PPOTrainer:
                 metrics |= self.critic.train_step(batch, num_mini_batches)
         with timer("update_actor", metrics):
             metrics |= self.actor.train_step(batch, num_mini_batches)
-        metrics |= _staleness_metrics(batch, self.actor.version - 1)
         return metrics
+
+    def train_groups(self, groups: Sequence[Group], num_mini_batches: int) -> dict[str, float]:
+        """`train` for callers on another thread or process: returns its own metrics."""
+        return self.train(groups, num_mini_batches, {})
+
+    @property
+    def version(self) -> int:
+        return self.actor.version
+
+    def get_version(self) -> int:
+        return self.actor.version
+
+    # The trainer's half of weight sync (see asyncrl.sync.endpoints).
+    def weight_meta(self) -> list[WeightMeta]:
+        return self.weights.weight_meta()
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The actor's tensors by name, uncopied (the receiver copies)."""
+        return self.weights.export_weights()
+
+    def weights_checksum(self) -> str:
+        return self.weights.weights_checksum()
+
+    def broadcast_weights(self, group_name: str, bucket_mb: float) -> int:
+        return self.weights.broadcast_weights(group_name, bucket_mb)
+
+    def save(self, path: Path) -> None:
+        """Actor (HF format + optimizer), critic, KL coefficient under `path`."""
+        self.actor.save(path / "actor")
+        if self.critic is not None:
+            self.critic.save(path / "critic")
+        (path / "trainer.json").write_text(json.dumps({"kl_coef": self.kl_ctrl.value}))
+
+    def load(self, path: Path) -> None:
+        self.actor.load(path / "actor")
+        if self.critic is not None:
+            self.critic.load(path / "critic")
+        self.kl_ctrl.value = json.loads((path / "trainer.json").read_text())["kl_coef"]
 
     def _old_log_probs(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
         if self.old_log_prob_source == "rollout":
@@ -102,12 +143,3 @@ class PPOTrainer:
         metrics |= masked_stats("critic/returns", batch.returns, mask)
         metrics |= masked_stats("critic/rewards", batch.token_level_rewards.sum(-1), torch.ones(batch.size))
 
-
-def _staleness_metrics(batch: TrainBatch, trainer_version: int) -> dict[str, float]:
-    """How many versions behind the trained policy each token was produced."""
-    lag = (trainer_version - batch.versions).float()
-    mask = batch.response_mask.bool()
-    if not mask.any():
-        return {}
-    return {"staleness/token_lag_mean": float(lag[mask].mean()),
-            "staleness/token_lag_max": float(lag[mask].max())}

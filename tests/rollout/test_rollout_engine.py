@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from rollout_testlib import (
+from tests.rollout.rollout_testlib import (
     EOS, engine, one_at_a_time, prompt, request, staggered_requests, teacher_forced_logprobs,
     tiny_model, wait_for_tokens,
 )

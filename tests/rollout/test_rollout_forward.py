@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rollout_testlib import VOCAB, prompt, tiny_model
+from tests.rollout.rollout_testlib import VOCAB, prompt, tiny_model
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from asyncrl.errors import RolloutError
@@ -43,6 +43,17 @@ def test_prefill_then_decode_matches_hf_logits(arch: str) -> None:
                 logits[row], hf_last_logits(model, contexts[row]), rtol=0, atol=1e-5
             )
         positions += 1
+
+
+def test_single_row_prefill_uses_plain_causal_attention_and_matches_hf() -> None:
+    model = tiny_model("qwen2", seed=2)
+    fwd = BatchedForward(model)
+    cache = fwd.new_cache(max_slots=4, device="cpu")
+    cache.reserve(2, 40)
+    ctx = list(prompt(33, seed=5))
+    with torch.inference_mode():
+        logits = fwd.prefill(cache, torch.tensor([ctx]), torch.tensor([len(ctx)]), first_slot=1)
+    torch.testing.assert_close(logits[0], hf_last_logits(model, ctx), rtol=0, atol=1e-5)
 
 
 def test_unsupported_architectures_raise_rollout_error() -> None:

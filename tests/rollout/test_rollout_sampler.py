@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from asyncrl.rollout.sampler import SamplingBatch, inverse_cdf, sample
@@ -23,7 +25,7 @@ def draw_many(logits_row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def test_inverse_cdf_matches_probabilities() -> None:
     probs = torch.tensor([0.0, 0.5, 0.2, 0.0, 0.25, 0.05])
-    u = torch.rand(DRAWS, generator=torch.Generator().manual_seed(1))
+    u = 1.0 - torch.rand(DRAWS, generator=torch.Generator().manual_seed(1))  # in (0, 1]
     picked = inverse_cdf(probs.expand(DRAWS, -1), u)
     freq = frequencies(picked, 6)
     assert freq[0] == 0 and freq[3] == 0  # zero-probability entries are never drawn
@@ -84,8 +86,8 @@ def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch() -> None:
 
     def draw(row: int, batch_size: int) -> list[int]:
         params = [SamplingParams(temperature=1.0)] * batch_size
-        gens: list[torch.Generator | None] = [None] * batch_size
-        params[row], gens[row] = seeded, torch.Generator().manual_seed(11)
+        gens: list[random.Random | None] = [None] * batch_size
+        params[row], gens[row] = seeded, random.Random(11)
         out = []
         for _ in range(20):  # the per-row generator advances one draw per step
             x = logits[:batch_size].clone()
@@ -94,3 +96,9 @@ def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch() -> None:
         return out
 
     assert draw(0, 1) == draw(3, 5) == draw(1, 2)
+
+
+def test_inverse_cdf_edges_never_pick_zero_weight_tokens() -> None:
+    weights = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0]] * 3)
+    picked = inverse_cdf(weights, torch.tensor([1e-12, 1.0, 0.3]))
+    assert picked.tolist() == [1, 3, 1]

@@ -20,7 +20,7 @@ async def validate(rollout: RolloutWorker, reward: RewardWorker, rows: list, k: 
         return {}
     metrics: dict[str, float] = {}
     with timer("testing", metrics):
-        groups = await rollout.generate_groups(rows, k, uid_suffix=f"@val{tag}", validate=True)
+        groups = await rollout.generate_groups(rows, k, uid_suffix=f"@val{tag}", mode="val")
         reward.score_groups(groups)
     return metrics | summarise(groups, k)
 

@@ -1,0 +1,125 @@
+"""The Rollouter of the fully async pipeline: owns the prompt stream, starts one group per
+prompt as the staleness budget allows, and puts finished groups into the queue.
+
+It runs in the driver's event loop; generation itself happens on the rollout hosts. It is
+idle (`rollouter/idle_ratio`) when no group is in flight: held for a sync, out of budget, or
+out of prompts. Prompts handed back by the trainer (past the lag cap) are started first, so
+the stream ends only when the trainer says every prompt is trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+from asyncrl.pipelines.setup import RunContext
+from asyncrl.queue.message_queue import MessageQueue
+from asyncrl.scheduling.staleness import StalenessBudget
+from asyncrl.types import PromptRow
+
+
+class Rollouter:
+    def __init__(self, ctx: RunContext, queue: MessageQueue, budget: StalenessBudget,
+                 total_prompts: int) -> None:
+        self.ctx, self.queue, self.budget = ctx, queue, budget
+        self.total_prompts = total_prompts
+        self.started = 0
+        self.in_flight = 0
+        self._requeued: deque[PromptRow] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Condition()
+        self._held = False
+        self._idle_s = 0.0
+        self._idle_since: float | None = time.perf_counter()
+        self._start_time = time.perf_counter()
+        self._launches = 0
+        self._error: BaseException | None = None
+        self._finished = False
+
+    async def run(self) -> None:
+        """Start prompts as the budget allows until the trainer has trained them all."""
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(
+                    lambda: self._may_start() or self._error is not None or self._finished)
+            self._raise_if_failed()
+            if self._finished:
+                return
+            self._launch(self._next_row())
+
+    async def finish(self) -> None:
+        """Called by the trainer once every prompt is trained."""
+        async with self._changed:
+            self._finished = True
+            self._changed.notify_all()
+
+    def _may_start(self) -> bool:
+        has_prompt = self.started < self.total_prompts or bool(self._requeued)
+        return has_prompt and not self._held and self.budget.can_start()
+
+    def _next_row(self) -> PromptRow:
+        if self._requeued:
+            return self._requeued.popleft()
+        self.started += 1
+        return self.ctx.prompts.next_prompt()
+
+    def _launch(self, row: PromptRow) -> None:
+        self.budget.on_start()
+        self.in_flight += 1
+        self._mark_busy()
+        self._launches += 1
+        task = asyncio.create_task(self._one(row, f"{row.uid}@a{self._launches}"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _one(self, row: PromptRow, uid: str) -> None:
+        try:
+            group = await self.ctx.rollout.generate_scored(row, self.ctx.cfg.rollout.n, uid)
+            await self.queue.put(group)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by run()/drain()
+            self._error = exc
+        finally:
+            async with self._changed:
+                self.in_flight -= 1
+                if self.in_flight == 0:
+                    self._idle_since = time.perf_counter()
+                self._changed.notify_all()
+
+    def _mark_busy(self) -> None:
+        if self._idle_since is not None:
+            self._idle_s += time.perf_counter() - self._idle_since
+            self._idle_since = None
+
+    def requeue(self, row: PromptRow) -> None:
+        """A prompt whose group was too stale to train: generate it again."""
+        self._requeued.append(row)
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def hold(self) -> None:
+        self._held = True
+
+    def release(self) -> None:
+        self._held = False
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def drain(self) -> None:
+        """Wait until no group is in flight."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.in_flight == 0)
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        """A failed generation fails the run with its own error, never a hang."""
+        if self._error is not None:
+            raise self._error
+
+    def metrics(self) -> dict[str, float]:
+        now = time.perf_counter()
+        idle = self._idle_s + (now - self._idle_since if self._idle_since is not None else 0.0)
+        return {"rollouter/idle_ratio": idle / max(now - self._start_time, 1e-9),
+                "rollouter/in_flight": self.in_flight, "rollouter/started": self.started}

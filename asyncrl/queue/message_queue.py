@@ -1,0 +1,62 @@
+"""The bounded buffer of finished groups between the rollouter and the trainer (SPEC §3).
+
+A FIFO with a capacity: `put` waits while full, `get` waits while empty, and both waits are
+measured (a full queue or a starved trainer is visible, never silent). `close()` ends the
+stream: `get` then returns None once the buffer is drained. It lives in the driver process
+and holds plain `Group`s; it does not decide staleness (see `scheduling.staleness`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+from asyncrl.types import Group
+
+
+class MessageQueue:
+    def __init__(self, capacity: int) -> None:
+        assert capacity > 0
+        self.capacity = capacity
+        self._items: deque[Group] = deque()
+        self._changed = asyncio.Condition()
+        self._closed = False
+        self.put_wait_s = 0.0
+        self.get_wait_s = 0.0
+        self.total_put = 0
+        self.max_size = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def put(self, group: Group) -> None:
+        start = time.perf_counter()
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(self._items) < self.capacity or self._closed)
+            assert not self._closed, "put after close"
+            self._items.append(group)
+            self.total_put += 1
+            self.max_size = max(self.max_size, len(self._items))
+            self._changed.notify_all()
+        self.put_wait_s += time.perf_counter() - start
+
+    async def get(self) -> Group | None:
+        """The oldest group, or None when closed and drained."""
+        start = time.perf_counter()
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._items) or self._closed)
+            item = self._items.popleft() if self._items else None
+            self._changed.notify_all()
+        self.get_wait_s += time.perf_counter() - start
+        return item
+
+    async def close(self) -> None:
+        async with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def metrics(self) -> dict[str, float]:
+        return {"fully_async/queue/size": len(self._items), "fully_async/queue/max_size": self.max_size,
+                "fully_async/queue/put_wait_s": self.put_wait_s,
+                "fully_async/queue/get_wait_s": self.get_wait_s}

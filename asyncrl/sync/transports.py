@@ -1,0 +1,137 @@
+"""How weights travel from the trainer worker to the rollout workers: three transports.
+
+- "inprocess": the trainer's `export_weights()` dict is handed to every rollout's
+  `load_weights` (the engine copies). Zero transport cost with local handles; with Ray handles
+  it would relay through the driver, so use it with the local backend.
+- "object_store" (Ray): the trainer's export is put into Ray's object store once, zero-copy
+  (`RayHandle.tensors_ref`), and each rollout actor reads it from there; the driver only holds
+  the reference. One node: shared memory; several nodes: Ray's object transfer.
+- "broadcast" (Ray): a torch.distributed group of trainer (rank 0) + every rollout host,
+  gloo on CPU, NCCL on GPU, buckets of ~`bucket_mb` MB planned once from the meta list.
+
+`make_transport` checks that the handles can carry the chosen transport. Not here: pausing,
+verification, timing (see `synchronizer`); the tensor packing itself (`buckets`, `ray_host`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from asyncrl.errors import ConfigError
+from asyncrl.sync.buckets import DEFAULT_BUCKET_MB
+from asyncrl.sync.collective import (DEFAULT_TIMEOUT_S, cuda_available, destroy_collective,
+                                     free_port, init_collective)
+from asyncrl.sync.tensors import WeightMeta
+from asyncrl.workers.group import WorkerHandle
+
+TRANSPORTS = ("inprocess", "object_store", "broadcast")
+
+
+class Transport(Protocol):
+    async def setup(self, meta: Sequence[WeightMeta]) -> None: ...
+
+    async def transfer(self, version: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def default_transport(backend: str, *, gpus: bool = False) -> str:
+    """inprocess for the local backend; for Ray, object_store on CPU, broadcast on GPUs.
+
+    On CPU the object store moved a 135M-parameter model ~2x faster than gloo here
+    (docs/weight_sync.md); on GPUs NCCL keeps the weights on the device."""
+    if backend == "local":
+        return "inprocess"
+    return "broadcast" if gpus else "object_store"
+
+
+class InProcessTransport:
+    def __init__(self, trainer: WorkerHandle, rollouts: Sequence[WorkerHandle]) -> None:
+        self.trainer, self.rollouts = trainer, list(rollouts)
+
+    async def setup(self, meta: Sequence[WeightMeta]) -> None:
+        pass
+
+    async def transfer(self, version: int) -> None:
+        named = await self.trainer.call("export_weights")
+        await asyncio.gather(*(r.call("load_weights", named, version) for r in self.rollouts))
+
+    async def close(self) -> None:
+        pass
+
+
+class ObjectStoreTransport:
+    def __init__(self, trainer: Any, rollouts: Sequence[WorkerHandle]) -> None:
+        self.trainer, self.rollouts = trainer, list(rollouts)
+
+    async def setup(self, meta: Sequence[WeightMeta]) -> None:
+        pass
+
+    async def transfer(self, version: int) -> None:
+        ref = self.trainer.tensors_ref("export_weights")  # top-level arg: Ray resolves it remotely
+        await asyncio.gather(*(r.call("load_weights", ref, version) for r in self.rollouts))
+        del ref  # the object store frees the export once no reference is left
+
+    async def close(self) -> None:
+        pass
+
+
+class BroadcastTransport:
+    def __init__(self, trainer: Any, rollouts: Sequence[Any], *,
+                 bucket_mb: float = DEFAULT_BUCKET_MB, backend: str = "auto",
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        if backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"broadcast backend must be auto, gloo or nccl, got {backend!r}")
+        self.trainer, self.rollouts = trainer, list(rollouts)
+        self.bucket_mb, self.backend, self.timeout_s = bucket_mb, backend, timeout_s
+        self.group_name = f"asyncrl-sync-{uuid.uuid4().hex[:12]}"
+        self.meta: list[WeightMeta] = []
+        self._joined = False
+
+    async def setup(self, meta: Sequence[WeightMeta]) -> None:
+        """Create the group: trainer = rank 0 (hosts the store), rollout i = rank i + 1."""
+        self.meta = list(meta)
+        backend = self.backend
+        if backend == "auto":
+            backend = "nccl" if await self.trainer.run(cuda_available) else "gloo"
+        addr, port = await self.trainer.node_ip(), await self.trainer.run(free_port)
+        members = [self.trainer, *self.rollouts]
+        await asyncio.gather(*(
+            h.run(init_collective, self.group_name, rank, len(members), backend, addr, port,
+                  self.timeout_s)
+            for rank, h in enumerate(members)))
+        self._joined = True
+
+    async def transfer(self, version: int) -> None:
+        name, mb = self.group_name, self.bucket_mb
+        await asyncio.gather(
+            self.trainer.call("broadcast_weights", name, mb),
+            *(r.call("receive_weights", name, self.meta, version, mb) for r in self.rollouts))
+
+    async def close(self) -> None:
+        if self._joined:
+            self._joined = False
+            members = [self.trainer, *self.rollouts]
+            await asyncio.gather(*(h.run(destroy_collective, self.group_name) for h in members),
+                                 return_exceptions=True)
+
+
+def make_transport(name: str, trainer: WorkerHandle, rollouts: Sequence[WorkerHandle], *,
+                   bucket_mb: float = DEFAULT_BUCKET_MB, collective_backend: str = "auto",
+                   timeout_s: float = DEFAULT_TIMEOUT_S) -> Transport:
+    """The transport called `name`, after checking the handles can carry it."""
+    if name == "inprocess":
+        return InProcessTransport(trainer, rollouts)
+    if name not in TRANSPORTS:
+        raise ConfigError(f"weight sync transport must be one of {TRANSPORTS}, got {name!r}")
+    needs = "tensors_ref" if name == "object_store" else "run"
+    if not all(hasattr(h, needs) for h in [trainer, *rollouts]):
+        raise ConfigError(f"weight sync transport {name!r} needs the ray backend; "
+                          "use transport 'inprocess' with backend 'local'")
+    if name == "object_store":
+        return ObjectStoreTransport(trainer, rollouts)
+    return BroadcastTransport(trainer, rollouts, bucket_mb=bucket_mb,
+                              backend=collective_backend, timeout_s=timeout_s)

@@ -1,0 +1,92 @@
+"""Factories that build each side of a run from the config, wherever it runs: in this
+process (colocated, local backend) or inside a Ray actor (the actor builds its own model).
+
+Each receives the whole config but hands every worker only its own section.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from asyncrl.config_schema import Config
+from asyncrl.data import load_rows, make_task, tokenize_rows
+from asyncrl.errors import ConfigError
+from asyncrl.models import load_model
+from asyncrl.rollout import TorchEngine
+from asyncrl.training.actor import Actor, RefWorker
+from asyncrl.training.critic import Critic
+from asyncrl.types import PromptRow
+from asyncrl.workers.reward import RewardWorker
+from asyncrl.workers.rollout import RolloutWorker
+from asyncrl.workers.trainer import PPOTrainer
+
+
+def load_data(cfg: Config, tok: PreTrainedTokenizerBase,
+               log: Callable[[str], None]) -> tuple[list[PromptRow], list[PromptRow]]:
+    d = cfg.data
+    if d.train_files:
+        train = [r for i, f in enumerate(d.train_files) for r in load_rows(f, split_name=f"train{i}")]
+    else:
+        train = make_task(d.task, d.task_size, seed=cfg.seed, split="train")
+    if d.val_files:
+        val = [r for i, f in enumerate(d.val_files) for r in load_rows(f, split_name=f"val{i}")]
+    elif d.train_files:
+        val = []
+    else:
+        val = make_task(d.task, d.val_size, seed=cfg.seed, split="test")
+    template = d.chat_template or None
+    train, n_train_filtered = tokenize_rows(train, tok, d.max_prompt_length, chat_template=template)
+    val, n_val_filtered = tokenize_rows(val, tok, d.max_prompt_length, chat_template=template)
+    if n_train_filtered or n_val_filtered:
+        log(f"filtered prompts longer than data.max_prompt_length={d.max_prompt_length}: "
+            f"{n_train_filtered} train, {n_val_filtered} val")
+    if len(train) < d.train_batch_size:
+        raise ConfigError(f"only {len(train)} training prompts remain after filtering, fewer than "
+                          f"data.train_batch_size={d.train_batch_size}")
+    return train, val
+
+
+def build_rollout_side(cfg: Config, model: PreTrainedModel | None = None,
+                       tok: PreTrainedTokenizerBase | None = None) -> tuple[RolloutWorker, RewardWorker]:
+    """Engines (each with its own copy of the weights) behind a router, and the reward worker."""
+    if model is None or tok is None:
+        model, tok = load_model(cfg.model, lambda _: None)
+    rollout = RolloutWorker(_engines(cfg, model, tok), cfg.rollout,
+                            max_tokens=cfg.data.max_response_length, seed=cfg.seed)
+    return rollout, RewardWorker(tok, cfg.reward)
+
+
+def _engines(cfg: Config, model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[TorchEngine]:
+    r = cfg.rollout
+    return [TorchEngine(copy.deepcopy(model).eval(), eos_token_id=eos_ids(model, tok),
+                        kv_budget_tokens=r.kv_budget_tokens, max_num_seqs=r.max_num_seqs,
+                        device=cfg.trainer.device, seed=cfg.seed + i)
+            for i in range(r.num_engines)]
+
+
+def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
+    """The tokenizer's EOS plus any the model's generation config lists (chat models have two)."""
+    extra = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
+    extra = extra if isinstance(extra, list) else [extra] if extra is not None else []
+    return sorted({tok.eos_token_id, *extra})
+
+
+def build_trainer_side(cfg: Config, old_log_prob_source: str, model: PreTrainedModel | None = None,
+                       tok: PreTrainedTokenizerBase | None = None) -> PPOTrainer:
+    """Actor (+ reference, + critic for gae) around `model`, loaded here when not given."""
+    if model is None or tok is None:
+        model, tok = load_model(cfg.model, lambda _: None)
+    ref = None
+    if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, cfg.actor.ppo_micro_batch_tokens)
+    critic = None
+    if cfg.algorithm.adv_estimator == "gae":
+        critic = Critic(model, cfg.critic, micro_batch_tokens=cfg.actor.ppo_micro_batch_tokens,
+                        loss_agg_mode=cfg.actor.loss_agg_mode)
+    actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature or 1.0,
+                  norm_length=cfg.data.max_response_length)
+    return PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
+                      old_log_prob_source=old_log_prob_source)

@@ -1,0 +1,186 @@
+"""Benchmark: weight-sync time per transport vs the memory-copy bound of the same bytes.
+
+Models (random init, float32, nothing downloaded):
+- tiny: the built-in tiny Llama's shape (~1M parameters);
+- smollm2: SmolLM2-135M's shape (tied embeddings, ~135M parameters, ~0.54 GB).
+
+Transports: inprocess (local handles, this process), object_store and broadcast (gloo) with
+Ray: one trainer actor + one rollout actor, 1 CPU each. Also "object_store_pickle" (Ray's
+default tensor pickling instead of the zero-copy packing), to show what the packing buys.
+Each: one warm-up sync, then `--repeats` timed syncs (the whole `ParameterSynchronizer.sync`:
+pause → transfer → load → resume, rollout pause/resume being no-ops); the median counts, and
+one checksum comparison afterwards proves the bytes arrived. Bound: best of `--repeats`
+copies of the same tensors into one preallocated buffer, 1 thread.
+
+    PYTHONPATH=. python bench/weight_sync.py
+
+Writes bench/results/weight_sync.json and prints a markdown table. Timing only; correctness
+lives in tests/sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from asyncrl.sync import ParameterSynchronizer, RolloutWeights, TrainerWeights, export_named
+from asyncrl.workers.group import LocalHandle, WorkerHandle
+
+MODELS: dict[str, dict[str, Any]] = {
+    "tiny": dict(vocab_size=103, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=384),
+    "smollm2": dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                    tie_word_embeddings=True),
+}
+
+
+def build(model: str, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**MODELS[model]))
+
+
+class BenchTrainer(TrainerWeights):
+    def __init__(self, model: str) -> None:
+        torch.set_num_threads(1)
+        super().__init__(build(model, 0))
+
+
+class BenchRollout(RolloutWeights):
+    def __init__(self, model: str) -> None:
+        torch.set_num_threads(1)
+        super().__init__(build(model, 1))
+
+    async def pause(self, interrupt: bool = False) -> None:
+        pass
+
+    async def resume(self) -> None:
+        pass
+
+
+class PickleObjectStore:
+    """object_store without the zero-copy packing: Ray pickles the tensors itself."""
+
+    def __init__(self, trainer: Any, rollouts: list[Any]) -> None:
+        self.trainer, self.rollouts = trainer, rollouts
+
+    async def setup(self, meta: Any) -> None:
+        pass
+
+    async def transfer(self, version: int) -> None:
+        ref = self.trainer.call_ref("export_weights")
+        await asyncio.gather(*(r.call("load_weights", ref, version) for r in self.rollouts))
+
+    async def close(self) -> None:
+        pass
+
+
+def copy_bound(model: str, repeats: int) -> tuple[float, int]:
+    """Best time to copy the exported tensors into one preallocated buffer, and their bytes."""
+    named = export_named(build(model, 0))
+    total = sum(t.nbytes for t in named.values())
+    buf = torch.empty(total, dtype=torch.uint8)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        offset = 0
+        for t in named.values():
+            buf[offset: offset + t.nbytes].copy_(t.reshape(-1).view(torch.uint8))
+            offset += t.nbytes
+        best = min(best, time.perf_counter() - t0)
+    return best, total
+
+
+def handles(model: str, backend: str) -> tuple[WorkerHandle, list[WorkerHandle]]:
+    if backend == "local":
+        return LocalHandle("trainer", BenchTrainer, model), [LocalHandle("rollout", BenchRollout, model)]
+    from asyncrl.workers.ray_host import make_handle
+
+    trainer = make_handle("trainer", BenchTrainer, model, backend="ray", num_cpus=1)
+    return trainer, [make_handle("rollout", BenchRollout, model, backend="ray", num_cpus=1)]
+
+
+async def time_syncs(sync: ParameterSynchronizer, repeats: int) -> list[dict[str, float]]:
+    await sync.setup()
+    await sync.sync(0)  # warm-up: plans, buffers, first object-store allocation
+    runs = [await sync.sync(v) for v in range(1, repeats + 1)]
+    want = await sync.trainer.call("weights_checksum")
+    got = await sync.rollouts[0].call("weights_checksum")
+    assert want == got, "the rollout does not hold the trainer's weights"
+    await sync.close()
+    return runs
+
+
+def bench_transport(model: str, transport: str, args: argparse.Namespace) -> dict[str, Any]:
+    backend = "local" if transport == "inprocess" else "ray"
+    trainer, rollouts = handles(model, backend)
+    real = "object_store" if transport == "object_store_pickle" else transport
+    sync = ParameterSynchronizer(trainer, rollouts, real, bucket_mb=args.bucket_mb)
+    if transport == "object_store_pickle":
+        sync.transport = PickleObjectStore(trainer, rollouts)
+    try:
+        runs = asyncio.run(time_syncs(sync, args.repeats))
+    finally:
+        for h in [trainer, *rollouts]:
+            h.close()
+    total = [r["timing_s/param_sync"] for r in runs]
+    median = statistics.median(total)
+    nbytes = runs[0]["sync/bytes"]
+    return dict(model=model, transport=transport, backend=backend, bytes=int(nbytes),
+                median_s=median, gb_per_s=nbytes / median / 1e9, runs_s=total,
+                transfer_median_s=statistics.median(r["sync/transfer_s"] for r in runs),
+                load_avg=os.getloadavg()[0])
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | MB | transport | median s | GB/s | × copy bound |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        bound = next(b for b in rows if b["model"] == r["model"] and b["transport"] == "copy bound")
+        ratio = r["median_s"] / bound["median_s"]
+        lines.append(f"| {r['model']} | {r['bytes'] / 1e6:.1f} | {r['transport']} | "
+                     f"{r['median_s']:.4f} | {r['gb_per_s']:.2f} | {ratio:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="tiny,smollm2")
+    ap.add_argument("--transports", default="inprocess,object_store,object_store_pickle,broadcast")
+    ap.add_argument("--repeats", type=int, default=7, help="timed syncs after one warm-up")
+    ap.add_argument("--bucket-mb", type=float, default=64.0)
+    ap.add_argument("--out", default="bench/results/weight_sync.json")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    transports = args.transports.split(",")
+    if any(t != "inprocess" for t in transports):
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    rows = []
+    for model in args.models.split(","):
+        best, nbytes = copy_bound(model, args.repeats)
+        rows.append(dict(model=model, transport="copy bound", backend="-", bytes=nbytes,
+                         median_s=best, gb_per_s=nbytes / best / 1e9))
+        print(json.dumps(rows[-1]), flush=True)
+        for transport in transports:
+            rows.append(bench_transport(model, transport, args))
+            print(json.dumps(rows[-1]), flush=True)
+    meta = dict(torch=torch.__version__, python=platform.python_version(), cpus=os.cpu_count(),
+                args=vars(args), command="PYTHONPATH=. python bench/weight_sync.py")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
+    print(markdown_table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""The message queue: FIFO, bounded (put waits), close drains then ends."""
+
+from __future__ import annotations
+
+import asyncio
+
+from asyncrl.queue.message_queue import MessageQueue
+from asyncrl.types import Group, PromptRow
+
+
+def group(i: int) -> Group:
+    return Group(uid=str(i), row=PromptRow(uid=str(i), data_source="x", messages=(), ground_truth=""),
+                 trajectories=[])
+
+
+def test_fifo_bounded_and_close():
+    async def main():
+        q = MessageQueue(capacity=2)
+        await q.put(group(0))
+        await q.put(group(1))
+        blocked = asyncio.create_task(q.put(group(2)))
+        await asyncio.sleep(0.01)
+        assert not blocked.done() and len(q) == 2
+        assert (await q.get()).uid == "0"
+        await blocked
+        await q.close()
+        got = [(await q.get()).uid, (await q.get()).uid, await q.get()]
+        assert got == ["1", "2", None]
+        assert q.put_wait_s > 0.005 and q.max_size == 2 and q.total_put == 3
+
+    asyncio.run(main())

@@ -1,0 +1,241 @@
+"""RayHandle: LocalHandle semantics across a Ray actor, failures, placement, clean shutdown.
+
+One Ray session for the module (starting Ray costs seconds); the last test shuts it down and
+checks that none of its processes survive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+from asyncrl.errors import ConfigError, SyncError  # noqa: E402
+from asyncrl.workers.group import LocalHandle  # noqa: E402
+from asyncrl.workers.ray_host import RayHandle, ResourcePool, init_ray, make_handle  # noqa: E402
+
+# The Ray workers cannot import this test module by name (pytest puts tests/ on sys.path only
+# in this process), so its fakes travel by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Probe:
+    """Reports where and how its methods run."""
+
+    def __init__(self, tag: str = "probe") -> None:
+        self.tag = tag
+        self.closed = False
+
+    async def where_async(self) -> tuple[str, int]:
+        return threading.current_thread().name, torch.get_num_threads()
+
+    def where_plain(self) -> tuple[str, int]:
+        return threading.current_thread().name, torch.get_num_threads()
+
+    async def sleep_echo(self, i: int, seconds: float) -> int:
+        await asyncio.sleep(seconds)
+        return i
+
+    def block(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return time.monotonic()
+
+    async def now(self) -> float:
+        return time.monotonic()
+
+    def fail_plain(self) -> None:
+        raise ValueError("plain failure")
+
+    async def fail_async(self) -> None:
+        raise SyncError("async failure")
+
+    def die(self) -> None:
+        os._exit(1)
+
+    def make_tensors(self) -> dict[str, torch.Tensor]:
+        return {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+                "b": torch.ones(4, dtype=torch.bfloat16)}
+
+    def total(self, named: dict[str, torch.Tensor]) -> float:
+        return float(sum(t.float().sum() for t in named.values()))
+
+    def echo(self, value: object) -> object:
+        return value
+
+    async def echo_kwargs(self, **kwargs: object) -> dict[str, object]:
+        return kwargs
+
+
+def broken_factory() -> Probe:
+    raise ConfigError("factory failed: set model.path")
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    init_ray(num_cpus=4, log_to_driver=False)
+    init_ray()  # already connected: a no-op
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def probe(ray_session) -> RayHandle:
+    handle = make_handle("probe", Probe, backend="ray", num_cpus=2)
+    yield handle
+    handle.close()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_make_handle_local_and_unknown_backend() -> None:
+    handle = make_handle("p", Probe, "x", backend="local")
+    assert isinstance(handle, LocalHandle) and handle.obj.tag == "x"
+    handle.close()
+    with pytest.raises(ConfigError):
+        make_handle("p", Probe, backend="slurm")
+
+
+def test_coroutines_on_loop_plain_on_worker_thread(probe: RayHandle) -> None:
+    async def main():
+        return await probe.call("where_async"), await probe.call("where_plain")
+
+    (loop_thread, loop_threads), (plain_thread, plain_threads) = run(main())
+    assert plain_thread.startswith("worker") and not loop_thread.startswith("worker")
+    assert loop_threads == plain_threads == 2  # torch threads = the host's num_cpus
+
+
+def test_many_async_calls_in_flight(probe: RayHandle) -> None:
+    async def main():
+        t0 = time.monotonic()
+        out = await asyncio.gather(*(probe.call("sleep_echo", i, 0.5) for i in range(200)))
+        return out, time.monotonic() - t0
+
+    out, elapsed = run(main())
+    assert out == list(range(200))
+    assert elapsed < 5.0  # serially it would take 100 s
+
+
+def test_plain_method_does_not_block_the_loop(probe: RayHandle) -> None:
+    async def main():
+        blocked = asyncio.ensure_future(probe.call("block", 1.5))
+        await asyncio.sleep(0.3)
+        return await probe.call("now"), await blocked
+
+    answered_at, unblocked_at = run(main())
+    assert answered_at < unblocked_at
+
+
+@pytest.mark.parametrize("method, error", [("fail_plain", ValueError), ("fail_async", SyncError)])
+def test_exceptions_keep_their_type(probe: RayHandle, method: str, error: type) -> None:
+    with pytest.raises(error) as info:
+        run(probe.call(method))
+    assert type(info.value) is error
+    assert "failure" in str(info.value)
+
+
+def test_factory_error_surfaces_with_its_type(ray_session) -> None:
+    handle = make_handle("broken", broken_factory, backend="ray")
+    with pytest.raises(ConfigError, match="model.path"):
+        run(handle.call("where_plain"))
+    handle.close()
+
+
+def test_dead_actor_raises_instead_of_hanging(ray_session) -> None:
+    handle = make_handle("doomed", Probe, backend="ray")
+
+    async def main():
+        with pytest.raises(ray.exceptions.RayActorError):
+            await asyncio.wait_for(handle.call("die"), 30)
+        with pytest.raises(ray.exceptions.RayActorError):
+            await asyncio.wait_for(handle.call("where_plain"), 30)
+
+    run(main())
+    handle.close()
+
+
+def test_refs_and_tensor_refs_pass_actor_to_actor(probe: RayHandle) -> None:
+    async def main():
+        plain = await probe.call("total", probe.call_ref("make_tensors"))
+        packed = await probe.call("total", probe.tensors_ref("make_tensors"))
+        echoed = await probe.call("echo", probe.call_ref("echo", [1, "two"]))
+        return plain, packed, echoed
+
+    assert run(main()) == (19.0, 19.0, [1, "two"])
+
+
+def test_tensor_ref_roundtrip_is_bit_exact(probe: RayHandle) -> None:
+    got = ray.get(probe.tensors_ref("make_tensors"))
+    want = Probe().make_tensors()
+    assert list(got) == list(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor)
+
+
+def test_keyword_arguments_pass_through_even_named_method(probe: RayHandle) -> None:
+    assert run(probe.call("echo_kwargs", method="m", fn=1)) == {"method": "m", "fn": 1}
+
+
+def test_run_executes_in_the_worker_process(probe: RayHandle) -> None:
+    assert run(probe.pid()) != os.getpid()
+    assert run(probe.run(sum, [1, 2, 3])) == 6
+
+
+def test_resource_pool_places_workers(ray_session) -> None:
+    pool = ResourcePool("rollout", nnodes=1, cpus_per_node=2)
+    first, second = pool.allocate(1), pool.allocate(1)
+    assert first[1] == second[1] == 0
+    with pytest.raises(ConfigError, match="no room"):
+        pool.allocate(1)
+    handle = make_handle("placed", Probe, backend="ray", placement=first)
+    assert run(handle.call("echo", 7)) == 7
+    handle.close()
+    pool.remove()
+    with pytest.raises(ConfigError):
+        ResourcePool("bad", nnodes=0, cpus_per_node=1)
+
+
+def _session_pids() -> set[int]:
+    node = ray._private.worker._global_node
+    roots = [info.process.pid for infos in node.all_processes.values() for info in infos]
+    pids = set(roots)
+    for pid in roots:
+        try:
+            pids |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(pids: set[int], timeout_s: float) -> set[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := {p for p in pids if _alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_close_and_shutdown_leave_no_processes(ray_session) -> None:  # keep last: ends Ray
+    handle = make_handle("last", Probe, backend="ray")
+    actor_pid = run(handle.pid())
+    handle.close()
+    assert not _wait_gone({actor_pid}, 15.0)
+    session = _session_pids()
+    assert session
+    ray.shutdown()
+    assert not _wait_gone(session, 20.0)
