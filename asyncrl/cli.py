@@ -43,9 +43,6 @@ def train(args: list[str]) -> int:
     cfg = load_config(path, overrides)
     from asyncrl.pipelines.setup import build_context
 
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()  # our own bar is the one to watch
     module = importlib.import_module(PIPELINE_MODULES[cfg.pipeline])
     start = time.perf_counter()
     ctx = build_context(cfg, old_log_prob_source=old_log_prob_source(cfg))

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.config_schema import ModelConfig
@@ -23,6 +24,7 @@ __all__ = ["load_model", "SMOLLM2", "TinySpec", "load_tiny"]
 def load_model(cfg: ModelConfig, log: Callable[[str], None] = print
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) for `model.path`, in `model.dtype`, in eval mode."""
+    transformers.utils.logging.disable_progress_bar()  # also inside Ray actors
     if cfg.path == "tiny":
         model, tok = load_tiny(rebuild=cfg.rebuild, log=log)
     elif cfg.path == SMOLLM2:

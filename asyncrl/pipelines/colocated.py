@@ -44,8 +44,10 @@ async def train_one_step(ctx: RunContext, step: int) -> None:
         groups = await generate_batch(ctx, step, metrics)
         if groups:
             mini = max(1, len(groups) // ctx.cfg.actor.ppo_mini_batch_size)
-            metrics |= await ctx.trainer.call("train_groups", groups, mini)
-            metrics |= await ctx.synchronizer.sync(await ctx.trainer.call("get_version"))
+            with ctx.trace.span("train", "trainer", step=step):
+                metrics |= await ctx.trainer.call("train_groups", groups, mini)
+            with ctx.trace.span("sync", "sync", step=step):
+                metrics |= await ctx.synchronizer.sync(await ctx.trainer.call("get_version"))
     await after_step(ctx, step, metrics, groups)
 
 

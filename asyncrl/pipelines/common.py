@@ -44,6 +44,8 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
     t = ctx.cfg.trainer
     if groups:
         metrics |= group_metrics(groups, ctx.cfg.data.max_response_length)
+        for g in groups:
+            ctx.trace.add_group(g, "rollout")
     for stats in await ctx.rollout.call_all("stats"):
         metrics |= stats
     metrics["training/global_step"] = step

@@ -58,7 +58,7 @@ class AsyncTrainer:
                 groups = await self.collect(metrics)
                 if not groups:
                     break
-                with timer("train", metrics):
+                with timer("train", metrics), self.ctx.trace.span("train", "trainer", step=step):
                     metrics |= await self.ctx.trainer.call(
                         "train_groups", groups, max(1, len(groups) // self.ctx.cfg.actor.ppo_mini_batch_size))
                 self.record(groups)
@@ -74,7 +74,7 @@ class AsyncTrainer:
         """The next R prompts' groups (fewer at the end), skipping any past the lag cap."""
         want = min(self.R, self.total_prompts - self.trained)
         groups: list[Group] = []
-        with timer("wait_samples", metrics):
+        with timer("wait_samples", metrics), self.ctx.trace.span("wait_samples", "trainer"):
             while len(groups) < want:
                 group = await self.queue.get()
                 if group is None:
@@ -93,7 +93,8 @@ class AsyncTrainer:
         if not partial:
             await self.rollouter.drain()
         self.version += 1
-        metrics = await self.ctx.synchronizer.sync(self.version, interrupt=partial)
+        with self.ctx.trace.span("sync", "sync", version=self.version, interrupt=partial):
+            metrics = await self.ctx.synchronizer.sync(self.version, interrupt=partial)
         self.budget.on_sync(num_stale=len(self.queue) + self.rollouter.in_flight)
         self.rollouter.release()
         return metrics

@@ -57,12 +57,13 @@ async def train_one_step(ctx: RunContext, step: int, pending: asyncio.Task[Batch
             groups, gen_s = await pending
         metrics["timing_s/generate_sequences"] = gen_s
         version = await ctx.trainer.call("get_version")
-        metrics |= await ctx.synchronizer.sync(version)
+        with ctx.trace.span("sync", "sync", version=version):
+            metrics |= await ctx.synchronizer.sync(version)
         if step < ctx.cfg.trainer.total_training_steps:
             next_rows = ctx.prompts.next_batch()
             next_task = launch(ctx, next_rows, step + 1)
         mini = max(1, len(groups) // ctx.cfg.actor.ppo_mini_batch_size)
-        with timer("train", metrics):
+        with timer("train", metrics), ctx.trace.span("train", "trainer", step=step):
             metrics |= await ctx.trainer.call("train_groups", groups, mini)
     metrics |= staleness_metrics(groups, version)
     await after_step(ctx, step, metrics, groups, {"in_flight": [r.uid for r in next_rows]})

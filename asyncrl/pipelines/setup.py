@@ -19,7 +19,7 @@ from asyncrl.config import config_to_dict, dump_config
 from asyncrl.config_schema import Config
 from asyncrl.data import PromptIterator
 from asyncrl.models import load_model
-from asyncrl.sync import ParameterSynchronizer
+from asyncrl.sync import ParameterSynchronizer, default_transport
 from asyncrl.telemetry.loggers import Tracker, make_tracker
 from asyncrl.telemetry.trace import Trace
 from asyncrl.training.optim import seed_everything
@@ -93,8 +93,8 @@ def build_context(cfg: Config, *, old_log_prob_source: str = "recompute",
                           backend=cfg.backend, num_cpus=rollout_cpus)
     trainer = make_handle("trainer", functools.partial(build_trainer_side, cfg, old_log_prob_source, **shared),
                           backend=cfg.backend, num_cpus=trainer_cpus)
-    transport = "inprocess" if cfg.backend == "local" else "object_store"
-    sync = ParameterSynchronizer(trainer, [rollout], transport)
+    gpus = cfg.trainer.device == "cuda"
+    sync = ParameterSynchronizer(trainer, [rollout], default_transport(cfg.backend, gpus=gpus))
     prompts = PromptIterator(train_rows, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed)
     return RunContext(cfg=cfg, output_dir=out, tokenizer=tok, train_rows=train_rows, val_rows=val_rows,
                       prompts=prompts, rollout=RolloutRouter([rollout]), trainer=trainer,

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from asyncrl.errors import ConfigError, SyncError
+from asyncrl.errors import ConfigError
+from asyncrl.models.weights import load_into
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.sampler import SamplingBatch, sample
 from asyncrl.rollout.scheduler import StepPlan, StepResult
@@ -85,19 +86,7 @@ class StepRunner:
         Names are those of `model.named_parameters()` (tied aliases such as `lm_head.weight`
         are accepted too). Unknown names and shape mismatches raise `SyncError`.
         """
-        params = dict(self.model.named_parameters(remove_duplicate=False))
-        loaded = 0
-        with self.lock, torch.no_grad():
-            for name, tensor in named_tensors:
-                target = params.get(name)
-                if target is None:
-                    raise SyncError(f"load_weights: the model has no parameter named {name!r}")
-                if target.shape != tensor.shape:
-                    raise SyncError(
-                        f"load_weights: {name} has shape {tuple(target.shape)}, "
-                        f"got {tuple(tensor.shape)}"
-                    )
-                target.copy_(tensor)
-                loaded += 1
+        with self.lock:
+            loaded = load_into(self.model, named_tensors)
             self.version = version
         return loaded

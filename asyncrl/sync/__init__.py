@@ -10,7 +10,8 @@ from asyncrl.sync.buckets import (DEFAULT_BUCKET_MB, BroadcastReceiver, Broadcas
                                   plan_buckets, recv_weights, send_weights)
 from asyncrl.sync.collective import (Collective, destroy_collective, get_collective,
                                      init_collective)
-from asyncrl.sync.endpoints import RolloutWeights, TrainerWeights, load_into
+from asyncrl.models.weights import load_into
+from asyncrl.sync.endpoints import RolloutWeights, TrainerWeights
 from asyncrl.sync.synchronizer import ParameterSynchronizer
 from asyncrl.sync.tensors import (WeightMeta, as_pairs, checksum, export_named,
                                   first_difference, meta_nbytes, weight_meta)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from asyncrl.errors import SyncError
+from asyncrl.models.weights import load_into
 from asyncrl.sync.buckets import DEFAULT_BUCKET_MB, recv_weights, send_weights
 from asyncrl.sync.tensors import (NamedTensors, WeightMeta, as_pairs, checksum, export_named,
                                   weight_meta)
@@ -60,22 +60,3 @@ class RolloutWeights:
     def receive_weights(self, group_name: str, meta: Sequence[WeightMeta], version: int,
                         bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
         self.load_weights(recv_weights(group_name, meta, bucket_mb), version)
-
-
-def load_into(model: nn.Module, named_tensors: NamedTensors) -> int:
-    """Copy tensors into the model's parameters by name (tied aliases accepted); returns count.
-
-    Copies, so the sources may be read-only views (object store) or reused buffers."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    loaded = 0
-    with torch.no_grad():
-        for name, tensor in as_pairs(named_tensors):
-            target = params.get(name)
-            if target is None:
-                raise SyncError(f"load_weights: the model has no parameter named {name!r}")
-            if target.shape != tensor.shape:
-                raise SyncError(f"load_weights: {name} has shape {tuple(target.shape)}, "
-                                f"got {tuple(tensor.shape)}")
-            target.copy_(tensor)
-            loaded += 1
-    return loaded

@@ -1,8 +1,9 @@
 """A timeline of every span (generation, reward, sync, training phases) as Chrome/Perfetto JSON.
 
 Open `OUTPUT_DIR/trace.json` in https://ui.perfetto.dev or chrome://tracing: one row per
-worker, one box per span, with sample id and policy version in its args. Recording is a
-list append under a lock; nothing is written until `export`.
+worker, one box per span, with sample id and policy version in its args. Times are wall-clock
+(`time.time()`), so spans measured in other processes (Ray actors) line up with the driver's.
+Recording is a list append under a lock; nothing is written until `export`.
 """
 
 from __future__ import annotations
@@ -15,19 +16,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from asyncrl.types import Group
+
 
 class Trace:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self.origin = time.perf_counter()
+        self.origin = time.time()
         self._events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
     def now(self) -> float:
-        return time.perf_counter()
+        return time.time()
 
     def add(self, name: str, worker: str, start: float, end: float, **args: Any) -> None:
-        """Record a finished span; start/end are `time.perf_counter()` values."""
+        """Record a finished span; start/end are `time.time()` values."""
         if not self.enabled:
             return
         event = {"name": name, "ph": "X", "pid": 0, "tid": worker,
@@ -38,11 +41,20 @@ class Trace:
 
     @contextmanager
     def span(self, name: str, worker: str, **args: Any) -> Iterator[None]:
-        start = time.perf_counter()
+        start = time.time()
         try:
             yield
         finally:
-            self.add(name, worker, start, time.perf_counter(), **args)
+            self.add(name, worker, start, time.time(), **args)
+
+    def add_group(self, group: Group, worker: str) -> None:
+        """The spans a rollout host stamped on each trajectory (generation, reward)."""
+        for t in group.trajectories:
+            for phase in ("gen", "reward"):
+                start, end = t.timings.get(f"{phase}_start"), t.timings.get(f"{phase}_end")
+                if start is not None and end is not None:
+                    self.add(phase, f"{worker}/{phase}", start, end, sample=t.request_id,
+                             version=t.end_version, tokens=len(t.response_ids))
 
     def events(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -38,14 +39,24 @@ class RolloutServer:
                               score: bool = True) -> Group:
         """The group of n responses to `row`, scored as soon as the last one finishes."""
         requests = [self.rollout.request(row, f"{uid}/{i}", mode) for i in range(n)]
-        trajectories = await asyncio.gather(*(self._sample(r) for r in requests))
+        trajectories = await asyncio.gather(*(self._timed_sample(r) for r in requests))
         group = Group(uid=uid, row=row, trajectories=list(trajectories))
         return (await self.score([group]))[0] if score else group
 
     async def score(self, groups: list[Group]) -> list[Group]:
         """Rewards in a worker thread, so the engines keep stepping meanwhile."""
+        start = time.time()
         await asyncio.to_thread(self.reward.score_groups, groups)
+        end = time.time()
+        for t in (t for g in groups for t in g.trajectories):
+            t.timings |= {"reward_start": start, "reward_end": end}
         return groups
+
+    async def _timed_sample(self, request: GenerationRequest) -> Trajectory:
+        start = time.time()
+        traj = await self._sample(request)
+        traj.timings |= {"gen_start": start, "gen_end": time.time()}
+        return traj
 
     async def _sample(self, request: GenerationRequest) -> Trajectory:
         """One response, continued across interrupting syncs."""
