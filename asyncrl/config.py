@@ -288,8 +288,8 @@ def _async_rules(cfg: Config) -> None:
         raise ConfigError("async_training.partial_rollout needs async_training.staleness_threshold "
                           "> 0 (with 0 no generation is ever in flight at a sync)")
     if cfg.pipeline != "colocated" and cfg.algorithm.filter_groups.enable:
-        raise ConfigError(f"algorithm.filter_groups (DAPO dynamic sampling) runs with pipeline=colocated "
-                          f"only; set pipeline=colocated or algorithm.filter_groups.enable=false")
+        raise ConfigError("algorithm.filter_groups (DAPO dynamic sampling) runs with pipeline=colocated "
+                          "only; set pipeline=colocated or algorithm.filter_groups.enable=false")
     if cfg.pipeline != "colocated" and cfg.algorithm.adv_estimator in ("gae", "remax"):
         raise ConfigError(f"pipeline={cfg.pipeline} supports critic-free estimators without "
                           "extra generation: use algorithm.adv_estimator=grpo, rloo, opo, ...")

@@ -55,6 +55,8 @@ class RolloutConfig:
     """Nucleus sampling threshold."""
     top_k: int = -1
     """Top-k sampling (-1 = off)."""
+    ignore_eos: bool = False
+    """Generate every training response to data.max_response_length (benchmarks, tests)."""
     kv_budget_tokens: int = 65536
     """KV-cache capacity of one engine in tokens; exceeding it preempts sequences."""
     max_num_seqs: int = 256
@@ -79,9 +81,9 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class ActorConfig:
-    lr: float = 1e-4
+    lr: float = 3e-4
     """AdamW learning rate."""
-    warmup_steps: int = 0
+    warmup_steps: int = 5
     """Linear learning-rate warm-up in optimizer steps."""
     weight_decay: float = 0.0
     """AdamW weight decay."""

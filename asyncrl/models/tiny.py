@@ -10,17 +10,17 @@ improvable reward. It is for demos, tests and benchmarks on CPU, not a useful la
 from __future__ import annotations
 
 import hashlib
-import random
 import json
-import shutil
 import os
+import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.data import make_task
 from asyncrl.models.tokenizer import build_char_tokenizer

@@ -21,8 +21,7 @@ import asyncio
 import json
 import math
 
-from asyncrl.pipelines.common import (
-    after_step, finish, interrupted, staleness_metrics, start, validate_before_training)
+from asyncrl.pipelines.common import after_step, finish, interrupted, staleness_metrics, start, validate_before_training
 from asyncrl.pipelines.rollouter import Rollouter
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.queue.message_queue import MessageQueue

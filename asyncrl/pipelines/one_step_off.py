@@ -19,8 +19,7 @@ import asyncio
 import time
 from typing import Any
 
-from asyncrl.pipelines.common import (
-    after_step, finish, interrupted, staleness_metrics, start, validate_before_training)
+from asyncrl.pipelines.common import after_step, finish, interrupted, staleness_metrics, start, validate_before_training
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.telemetry.metrics import timer
 from asyncrl.types import Group, PromptRow

@@ -32,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence as SequenceABC
+from collections.abc import Iterable
+from collections.abc import Sequence as SequenceABC
 from concurrent.futures import ThreadPoolExecutor
 
 import torch

@@ -6,15 +6,27 @@
 Importing this package does not import Ray.
 """
 
-from asyncrl.sync.buckets import (DEFAULT_BUCKET_MB, BroadcastReceiver, BroadcastSender,
-                                  plan_buckets, recv_weights, send_weights)
-from asyncrl.sync.collective import (Collective, destroy_collective, get_collective,
-                                     init_collective)
 from asyncrl.models.weights import load_into
+from asyncrl.sync.buckets import (
+                                  DEFAULT_BUCKET_MB,
+                                  BroadcastReceiver,
+                                  BroadcastSender,
+                                  plan_buckets,
+                                  recv_weights,
+                                  send_weights,
+)
+from asyncrl.sync.collective import Collective, destroy_collective, get_collective, init_collective
 from asyncrl.sync.endpoints import RolloutWeights, TrainerWeights
 from asyncrl.sync.synchronizer import ParameterSynchronizer
-from asyncrl.sync.tensors import (WeightMeta, as_pairs, checksum, export_named,
-                                  first_difference, meta_nbytes, weight_meta)
+from asyncrl.sync.tensors import (
+                                  WeightMeta,
+                                  as_pairs,
+                                  checksum,
+                                  export_named,
+                                  first_difference,
+                                  meta_nbytes,
+                                  weight_meta,
+)
 from asyncrl.sync.transports import TRANSPORTS, default_transport, make_transport
 
 __all__ = [

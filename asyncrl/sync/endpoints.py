@@ -20,8 +20,7 @@ from torch import nn
 
 from asyncrl.models.weights import load_into
 from asyncrl.sync.buckets import DEFAULT_BUCKET_MB, recv_weights, send_weights
-from asyncrl.sync.tensors import (NamedTensors, WeightMeta, as_pairs, checksum, export_named,
-                                  weight_meta)
+from asyncrl.sync.tensors import NamedTensors, WeightMeta, checksum, export_named, weight_meta
 
 
 class TrainerWeights:

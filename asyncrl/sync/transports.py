@@ -22,8 +22,7 @@ from typing import Any, Protocol
 
 from asyncrl.errors import ConfigError
 from asyncrl.sync.buckets import DEFAULT_BUCKET_MB
-from asyncrl.sync.collective import (DEFAULT_TIMEOUT_S, cuda_available, destroy_collective,
-                                     free_port, init_collective)
+from asyncrl.sync.collective import DEFAULT_TIMEOUT_S, cuda_available, destroy_collective, free_port, init_collective
 from asyncrl.sync.tensors import WeightMeta
 from asyncrl.workers.group import WorkerHandle
 

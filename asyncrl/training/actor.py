@@ -21,8 +21,7 @@ from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logit
 from asyncrl.algorithms.policy_loss import compute_policy_loss
 from asyncrl.config_schema import ActorConfig
 from asyncrl.training.batch import TrainBatch, micro_batches, split_rows
-from asyncrl.training.optim import make_optimizer, set_seed_state, seed_state
-
+from asyncrl.training.optim import make_optimizer, seed_state, set_seed_state
 
 # Ratio-like metrics are averaged over micro-batches by row share; loss-like ones are already
 # shares of the mini-batch aggregate (global counts) and are summed.

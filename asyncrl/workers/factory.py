@@ -7,7 +7,7 @@ Each receives the whole config but hands every worker only its own section.
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 

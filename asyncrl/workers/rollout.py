@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from typing import Literal
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import torch
 
@@ -35,7 +35,8 @@ class RolloutWorker:
         """train: rollout.temperature/top_p/top_k; val: rollout.val_temperature; greedy: argmax."""
         if mode == "train":
             return SamplingParams(max_tokens=self.max_tokens, temperature=self.cfg.temperature,
-                                  top_p=self.cfg.top_p, top_k=self.cfg.top_k, seed=request_seed)
+                                  top_p=self.cfg.top_p, top_k=self.cfg.top_k, seed=request_seed,
+                                  ignore_eos=self.cfg.ignore_eos)
         temperature = self.cfg.val_temperature if mode == "val" else 0.0
         return SamplingParams(max_tokens=self.max_tokens, temperature=temperature, seed=request_seed)
 

@@ -20,10 +20,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from asyncrl.config_schema import Config
 from asyncrl.sync import WeightMeta, as_pairs, checksum, export_named, recv_weights
 from asyncrl.sync.tensors import NamedTensors
-from asyncrl.workers.validation import validate
 from asyncrl.types import GenerationRequest, Group, PromptRow, Trajectory
 from asyncrl.workers.reward import RewardWorker
 from asyncrl.workers.rollout import Mode, RolloutWorker
+from asyncrl.workers.validation import validate
 
 
 class RolloutServer:

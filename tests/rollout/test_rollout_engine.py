@@ -7,14 +7,21 @@ import dataclasses
 
 import pytest
 import torch
-from tests.rollout.rollout_testlib import (
-    EOS, engine, one_at_a_time, prompt, request, staggered_requests, teacher_forced_logprobs,
-    tiny_model, wait_for_tokens,
-)
 
 from asyncrl.errors import RolloutError
 from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.types import GenerationRequest, SamplingParams, Trajectory
+from tests.rollout.rollout_testlib import (
+    EOS,
+    engine,
+    one_at_a_time,
+    prompt,
+    request,
+    staggered_requests,
+    teacher_forced_logprobs,
+    tiny_model,
+    wait_for_tokens,
+)
 
 
 def assert_same(outs: list[Trajectory], refs: list[Trajectory]) -> None:

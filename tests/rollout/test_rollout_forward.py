@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.rollout.rollout_testlib import VOCAB, prompt, tiny_model
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from asyncrl.errors import RolloutError
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.kv_cache import SlotKVCache
+from tests.rollout.rollout_testlib import VOCAB, prompt, tiny_model
 
 
 def hf_last_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:

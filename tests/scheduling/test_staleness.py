@@ -15,7 +15,7 @@ def test_per_version(R, T, threshold, per_version):
 
 def test_threshold_zero_starts_exactly_R_times_T_per_version():
     b = StalenessBudget(4, 2, 0.0)
-    for version in range(3):
+    for _ in range(3):
         starts = 0
         while b.can_start():
             b.on_start()

@@ -11,8 +11,15 @@ import pytest
 import torch
 
 from asyncrl.errors import SyncError
-from asyncrl.sync import (checksum, destroy_collective, export_named, init_collective,
-                          recv_weights, send_weights, weight_meta)
+from asyncrl.sync import (
+    checksum,
+    destroy_collective,
+    export_named,
+    init_collective,
+    recv_weights,
+    send_weights,
+    weight_meta,
+)
 from asyncrl.sync.collective import free_port
 from tests.sync.fakes import small_model
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from asyncrl.errors import SyncError
-from asyncrl.sync import (checksum, export_named, first_difference, load_into, meta_nbytes,
-                          plan_buckets, weight_meta)
+from asyncrl.sync import checksum, export_named, first_difference, load_into, meta_nbytes, plan_buckets, weight_meta
 from tests.sync.fakes import small_model
 
 EMBED = "embed.weight"
