@@ -14,8 +14,10 @@ from asyncrl.telemetry.metrics import group_metrics, timer
 from asyncrl.types import Group
 
 
-async def start(ctx: RunContext) -> tuple[int, dict[str, Any]]:
-    """Set up weight sync, resume from the latest checkpoint if any: (last step, extras)."""
+async def start(ctx: RunContext, total_steps: int | None = None) -> tuple[int, dict[str, Any]]:
+    """Set up weight sync, resume from the latest checkpoint if any: (last step, extras).
+    `total_steps` overrides trainer.total_training_steps where a pipeline counts differently."""
+    ctx.total_steps = total_steps or ctx.cfg.trainer.total_training_steps
     await ctx.synchronizer.setup()
     path = latest_checkpoint(ctx) if ctx.cfg.trainer.resume else None
     state: dict[str, Any] = {"step": 0, "extra": {}}
@@ -50,9 +52,9 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
         metrics |= stats
     metrics["training/global_step"] = step
     metrics["training/epoch"] = ctx.prompts.epoch
-    if validate_now if validate_now is not None else due(step, t.test_freq, t.total_training_steps):
+    if validate_now if validate_now is not None else due(step, t.test_freq, ctx.total_steps):
         metrics |= await run_validation(ctx, step)
-    if due(step, t.save_freq, t.total_training_steps):
+    if due(step, t.save_freq, ctx.total_steps):
         with timer("save_checkpoint", metrics):
             await save_checkpoint(ctx, step, extra)
     log_step(ctx, step, metrics)

@@ -134,7 +134,7 @@ async def run(ctx: RunContext) -> int:
     trainer = AsyncTrainer(ctx, queue, rollouter, budget, total_prompts(ctx))
     rollout_task = train_task = None
     try:
-        step, _ = await start(ctx)
+        step, _ = await start(ctx, total_steps=trainer.total_updates)
         await validate_before_training(ctx, step)
         rollout_task = asyncio.create_task(rollouter.run())
         train_task = asyncio.create_task(trainer.run(step))

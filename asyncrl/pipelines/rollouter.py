@@ -39,6 +39,7 @@ class Rollouter:
 
     async def run(self) -> None:
         """Start prompts as the budget allows until the trainer has trained them all."""
+        self._start_time = self._idle_since = time.perf_counter()
         while True:
             async with self._changed:
                 await self._changed.wait_for(

@@ -66,6 +66,7 @@ class RunContext:
     trace: Trace
     log: Callable[[str], None] = print
     tracker: Tracker | None = None
+    total_steps: int = 0
     counters: dict[str, float] = field(default_factory=dict)
 
     def close(self) -> None:
@@ -121,6 +122,6 @@ def _cpus(cfg: Config) -> tuple[int, int]:
 
 def open_tracker(ctx: RunContext, initial_step: int) -> Tracker:
     t = ctx.cfg.trainer
-    return make_tracker(t.logger, ctx.output_dir, total_steps=t.total_training_steps,
+    return make_tracker(t.logger, ctx.output_dir, total_steps=ctx.total_steps or t.total_training_steps,
                         initial_step=initial_step, project=t.project_name,
                         experiment=t.experiment_name, config=config_to_dict(ctx.cfg))

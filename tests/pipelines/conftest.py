@@ -20,3 +20,11 @@ def tiny_cache(tmp_path_factory):
         os.environ.pop("ASYNCRL_CACHE", None)
     else:
         os.environ["ASYNCRL_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def ray_session(tiny_cache):
+    """A Ray cluster for this module, started after ASYNCRL_CACHE is set so workers inherit it."""
+    ray = pytest.importorskip("ray")
+    yield
+    ray.shutdown()

@@ -76,8 +76,8 @@ def test_a_crash_in_the_rollouter_fails_the_run(tiny_cache, tmp_path, monkeypatc
         asyncio.run(fully_async.run(ctx))
 
 
-def test_partial_rollout_mode_learns(tiny_cache, tmp_path):
-    rows = run_pipeline(tmp_path, "pipeline=fully_async", *MODES["d_partial"],
+def test_partial_rollout_mode_learns_on_ray(tiny_cache, ray_session, tmp_path):
+    rows = run_pipeline(tmp_path, "pipeline=fully_async", "backend=ray", *MODES["d_partial"],
                         "trainer.total_training_steps=40", "rollout.test_freq=20")
     val = val_scores(rows)
     assert val[-1] >= val[0] + 0.05 and max(val[1:]) >= val[0] + 0.07, val

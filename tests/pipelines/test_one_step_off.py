@@ -1,4 +1,5 @@
-"""The one-step-off pipeline: every batch is exactly one update stale, and it learns."""
+"""The one-step-off pipeline on Ray (rollout and trainer in separate processes): every batch
+is exactly one update stale, and it learns."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from tests.pipelines.helpers import run_pipeline, val_scores
 pytestmark = pytest.mark.slow
 
 
-def test_one_step_stale_and_learns(tiny_cache, tmp_path):
-    rows = run_pipeline(tmp_path, "pipeline=one_step_off", "trainer.total_training_steps=40",
+def test_one_step_stale_and_learns_on_ray(tiny_cache, ray_session, tmp_path):
+    rows = run_pipeline(tmp_path, "pipeline=one_step_off", "backend=ray", "trainer.total_training_steps=40",
                         "trainer.test_freq=20")
     steps = [r for r in rows if r["step"] > 0 and "staleness/version_lag_max" in r]
     assert len(steps) == 40
