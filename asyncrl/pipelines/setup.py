@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,6 @@ class RunContext:
     log: Callable[[str], None] = print
     tracker: Tracker | None = None
     total_steps: int = 0
-    counters: dict[str, float] = field(default_factory=dict)
 
     def close(self) -> None:
         for handle in [*self.rollout.handles, self.trainer]:

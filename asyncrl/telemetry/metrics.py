@@ -51,7 +51,3 @@ def masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[
     """Mean/max/min of `values` over the tokens where mask is set."""
     return _stats(prefix, values[mask.bool()])
 
-
-def pass_at_k(correct: Sequence[bool]) -> float:
-    """1.0 when any of the k responses is correct."""
-    return float(any(correct))

@@ -103,10 +103,6 @@ class RolloutServer:
                 "rollouter/tokens_per_s": sum(s.tokens_per_s for s in engines),
                 "fully_async/partial/continuations": self.partial_continuations} | self.reward.metrics()
 
-    @property
-    def version(self) -> int:
-        return self.rollout.version
-
     def get_version(self) -> int:
         return self.rollout.version
 

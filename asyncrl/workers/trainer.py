@@ -70,10 +70,6 @@ class PPOTrainer:
         """`train` for callers on another thread or process: returns its own metrics."""
         return self.train(groups, num_mini_batches, {})
 
-    @property
-    def version(self) -> int:
-        return self.actor.version
-
     def get_version(self) -> int:
         return self.actor.version
 
