@@ -40,3 +40,30 @@ def test_resume_continues_identically(tiny_cache, tmp_path):
     for row in resumed[2:]:
         for k in keys:
             assert row[k] == pytest.approx(by_step[row["step"]][k], rel=1e-4, abs=1e-6), (row["step"], k)
+
+
+def test_interrupt_saves_a_checkpoint(tiny_cache, tmp_path):
+    import asyncio
+
+    from asyncrl.pipelines import colocated
+    from asyncrl.pipelines.checkpoint import latest_checkpoint
+    from tests.pipelines.helpers import make_context
+
+    ctx = make_context(tmp_path, "trainer.total_training_steps=50", "trainer.test_freq=0",
+                       "trainer.val_before_train=false")
+
+    async def main():
+        task = asyncio.create_task(colocated.run(ctx))
+        log = tmp_path / "metrics.jsonl"
+        while not (log.exists() and log.read_text().strip()):  # step 1 logged
+            await asyncio.sleep(0.05)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert asyncio.run(main())
+    path = latest_checkpoint(ctx)
+    assert path is not None and (path / "actor" / "model.safetensors").exists()
