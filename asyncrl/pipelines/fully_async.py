@@ -65,9 +65,20 @@ class AsyncTrainer:
                 if step % self.T == 0 or self.trained >= self.total_prompts:
                     metrics |= await self.sync()
             metrics |= self.step_metrics(metrics)
-            await after_step(self.ctx, step, metrics, groups, validate_now=self.validation_due(step))
+            await after_step(self.ctx, step, metrics, groups, self.state(),
+                             validate_now=self.validation_due(step))
         await self.rollouter.finish()
         return step
+
+    def state(self) -> dict[str, int]:
+        """What a checkpoint needs to continue the count. Groups queued or in flight at the
+        checkpoint are not saved: a resumed run starts after them (not lossless yet)."""
+        return {"trained": self.trained, "version": self.version, "dropped": self.dropped}
+
+    def restore(self, state: dict[str, int]) -> None:
+        self.trained = state.get("trained", 0)
+        self.version = state.get("version", 0)
+        self.dropped = state.get("dropped", 0)
 
     async def collect(self, metrics: dict[str, float]) -> list[Group]:
         """The next R prompts' groups (fewer at the end), skipping any past the lag cap."""
@@ -134,7 +145,11 @@ async def run(ctx: RunContext) -> int:
     trainer = AsyncTrainer(ctx, queue, rollouter, budget, total_prompts(ctx))
     rollout_task = train_task = None
     try:
-        step, _ = await start(ctx, total_steps=trainer.total_updates)
+        step, extra = await start(ctx, total_steps=trainer.total_updates)
+        trainer.restore(extra)
+        rollouter.started = trainer.trained
+        if step:  # the engines count versions in syncs here, not in updates
+            await ctx.synchronizer.sync(trainer.version)
         await validate_before_training(ctx, step)
         rollout_task = asyncio.create_task(rollouter.run())
         train_task = asyncio.create_task(trainer.run(step))

@@ -81,3 +81,13 @@ def test_partial_rollout_mode_learns_on_ray(tiny_cache, ray_session, tmp_path):
                         "trainer.total_training_steps=40", "rollout.test_freq=20")
     val = val_scores(rows)
     assert val[-1] >= val[0] + 0.05 and max(val[1:]) >= val[0] + 0.07, val
+
+
+def test_resume_continues_the_count(tiny_cache, tmp_path):
+    common = [*SMALL, "trainer.save_freq=2", "async_training.staleness_threshold=0.5"]
+    run_pipeline(tmp_path, *common, "rollout.total_rollout_steps=16")
+    run_pipeline(tmp_path, *common, "rollout.total_rollout_steps=32")
+    ledger = read_jsonl(tmp_path / "samples.jsonl")
+    assert len(ledger) == 32 and len({s["prompt"] for s in ledger}) == 32
+    versions = [s["trained_at_version"] for s in ledger]
+    assert versions == sorted(versions) and versions[-1] == 7
