@@ -20,7 +20,7 @@ from asyncrl.algorithms.kl import kl_penalty
 from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logits
 from asyncrl.algorithms.policy_loss import compute_policy_loss
 from asyncrl.config_schema import ActorConfig
-from asyncrl.training.batch import TrainBatch, micro_batches, split_rows
+from asyncrl.training.batch import TrainBatch, mean_over_mini_batches, micro_batches
 from asyncrl.training.optim import make_optimizer, seed_state, set_seed_state
 
 # Ratio-like metrics are averaged over micro-batches by row share; loss-like ones are already
@@ -74,15 +74,9 @@ class Actor:
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         """PPO epochs over mini-batches; one optimizer step per mini-batch."""
         assert batch.advantages is not None and batch.old_log_probs is not None
-        sums: dict[str, float] = defaultdict(float)
-        n = 0
-        for _ in range(self.cfg.ppo_epochs):
-            for rows in split_rows(batch.size, num_mini_batches):
-                for k, v in self._mini_batch_step(batch.select(rows)).items():
-                    sums[k] += v
-                n += 1
+        metrics = mean_over_mini_batches(batch, self.cfg.ppo_epochs, num_mini_batches, self._mini_batch_step)
         self.version += 1
-        return {k: v / n for k, v in sums.items()} | {"actor/lr": self.scheduler.get_last_lr()[0]}
+        return metrics | {"actor/lr": self.scheduler.get_last_lr()[0]}
 
     def _mini_batch_step(self, mini: TrainBatch) -> dict[str, float]:
         self.model.train()

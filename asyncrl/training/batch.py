@@ -8,7 +8,8 @@ This module does not compute anything RL-specific; it only arranges data.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 import torch
@@ -95,6 +96,19 @@ def split_rows(n_rows: int, n_parts: int) -> list[list[int]]:
     """Consecutive row ranges of near-equal size (mini-batches keep whole groups together)."""
     bounds = [round(i * n_rows / n_parts) for i in range(n_parts + 1)]
     return [list(range(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def mean_over_mini_batches(batch: TrainBatch, epochs: int, num_mini_batches: int,
+                           step: Callable[[TrainBatch], dict[str, float]]) -> dict[str, float]:
+    """Run `step` on every mini-batch of every epoch; the metrics averaged over those calls."""
+    sums: dict[str, float] = defaultdict(float)
+    n = 0
+    for _ in range(epochs):
+        for rows in split_rows(batch.size, num_mini_batches):
+            for k, v in step(batch.select(rows)).items():
+                sums[k] += v
+            n += 1
+    return {k: v / max(n, 1) for k, v in sums.items()}
 
 
 def micro_batches(batch: TrainBatch, token_budget: int) -> Iterator[TrainBatch]:

@@ -15,7 +15,7 @@ from torch import nn
 
 from asyncrl.algorithms.value_loss import compute_value_loss
 from asyncrl.config_schema import CriticConfig
-from asyncrl.training.batch import TrainBatch, micro_batches, split_rows
+from asyncrl.training.batch import TrainBatch, mean_over_mini_batches, micro_batches
 from asyncrl.training.optim import make_optimizer
 
 
@@ -51,15 +51,8 @@ class Critic:
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         assert batch.values is not None and batch.returns is not None
-        sums: dict[str, float] = defaultdict(float)
-        n = 0
         self.model.train()
-        for _ in range(self.cfg.ppo_epochs):
-            for rows in split_rows(batch.size, num_mini_batches):
-                for k, v in self._mini_batch_step(batch.select(rows)).items():
-                    sums[k] += v
-                n += 1
-        return {k: v / n for k, v in sums.items()}
+        return mean_over_mini_batches(batch, self.cfg.ppo_epochs, num_mini_batches, self._mini_batch_step)
 
     def _mini_batch_step(self, mini: TrainBatch) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
