@@ -55,6 +55,8 @@ class RolloutConfig:
     """Nucleus sampling threshold."""
     top_k: int = -1
     """Top-k sampling (-1 = off)."""
+    length_from_prompt: bool = False
+    """Benchmark workload: decode exactly the length a row's extra_info['length'] asks for (EOS ignored)."""
     ignore_eos: bool = False
     """Generate every training response to data.max_response_length (benchmarks, tests)."""
     kv_budget_tokens: int = 65536

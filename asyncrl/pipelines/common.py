@@ -50,6 +50,7 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
             ctx.trace.add_group(g, "rollout")
     for stats in await ctx.rollout.call_all("stats"):
         metrics |= stats
+    metrics["training/responses"] = sum(len(g.trajectories) for g in groups)
     metrics["training/global_step"] = step
     metrics["training/epoch"] = ctx.prompts.epoch
     if validate_now if validate_now is not None else due(step, t.test_freq, ctx.total_steps):

@@ -8,6 +8,7 @@ run and its resumed continuation sample the same tokens. Weight loads go to ever
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import zlib
 from collections.abc import Iterable, Sequence
 from typing import Literal
@@ -61,6 +62,10 @@ class RolloutWorker:
 
     def request(self, row: PromptRow, request_id: str, mode: Mode = "train") -> GenerationRequest:
         params = self.sampling_params(mode, self.request_seed(request_id))
+        if self.cfg.length_from_prompt and "length" in row.extra_info:
+            # a long-tail workload whose lengths are set by the data, not by what the model learned
+            length = min(int(row.extra_info["length"]), self.max_tokens)
+            params = dataclasses.replace(params, max_tokens=length, ignore_eos=True)
         return GenerationRequest(request_id=request_id, prompt_ids=row.prompt_ids, params=params)
 
     async def generate_groups(self, rows: Sequence[PromptRow], n: int, *, uid_suffix: str = "",
