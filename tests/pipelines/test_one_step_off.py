@@ -19,4 +19,4 @@ def test_one_step_stale_and_learns_on_ray(tiny_cache, ray_session, tmp_path):
     assert all(r["staleness/version_lag_mean"] == 1 == r["staleness/version_lag_max"] for r in steps[1:])
     assert all("timing_s/wait_prev_gen" in r and "timing_s/generate_sequences" in r for r in steps)
     val = val_scores(rows)
-    assert val[-1] >= val[0] + 0.05 and max(val[1:]) >= val[0] + 0.07, val
+    assert max(val[1:]) >= val[0] + 0.05 and sum(val[1:]) / len(val[1:]) >= val[0] + 0.03, val
