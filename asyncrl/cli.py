@@ -14,7 +14,6 @@ import sys
 import time
 
 from asyncrl.config import dump_config, load_config
-from asyncrl.config_schema import Config
 from asyncrl.errors import AsyncRLError
 
 PIPELINE_MODULES = {"colocated": "asyncrl.pipelines.colocated",
@@ -27,17 +26,6 @@ def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
     return path, args[1:] if path else args
 
 
-def old_log_prob_source(cfg: Config) -> str:
-    """Colocated recomputes (on-policy). Decoupled: the engine's behaviour log-probs by default
-    (`async_training.use_rollout_log_probs`), else a recomputed proximal policy, with truncated
-    importance weights when `actor.off_policy_correction` is set (decoupled PPO)."""
-    if cfg.pipeline == "colocated":
-        return "recompute"
-    if cfg.async_training.use_rollout_log_probs:
-        return "rollout"
-    return "recompute" if cfg.actor.off_policy_correction == "none" else "proximal"
-
-
 def train(args: list[str]) -> int:
     path, overrides = _split_args(args)
     cfg = load_config(path, overrides)
@@ -45,7 +33,7 @@ def train(args: list[str]) -> int:
 
     module = importlib.import_module(PIPELINE_MODULES[cfg.pipeline])
     start = time.perf_counter()
-    ctx = build_context(cfg, old_log_prob_source=old_log_prob_source(cfg))
+    ctx = build_context(cfg)
     step = asyncio.run(module.run(ctx))
     print(f"done: {step} steps in {time.perf_counter() - start:.1f} s; outputs in {ctx.output_dir}",
           file=sys.stderr)

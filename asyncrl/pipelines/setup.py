@@ -5,6 +5,7 @@ the metric sinks. `build_context(cfg)` is the only place that reads the whole co
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 from collections.abc import Callable, Sequence
@@ -47,8 +48,6 @@ class RolloutRouter:
             self._in_flight[i] -= 1
 
     async def call_all(self, method: str, *args: Any) -> list[Any]:
-        import asyncio
-
         return list(await asyncio.gather(*(h.call(method, *args) for h in self.handles)))
 
 
@@ -77,8 +76,7 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n or os.cpu_count() or 1)
 
 
-def build_context(cfg: Config, *, old_log_prob_source: str = "recompute",
-                  log: Callable[[str], None] = print) -> RunContext:
+def build_context(cfg: Config, *, log: Callable[[str], None] = print) -> RunContext:
     seed_everything(cfg.seed)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +89,7 @@ def build_context(cfg: Config, *, old_log_prob_source: str = "recompute",
     shared = {"model": model, "tok": tok} if cfg.backend == "local" else {}
     rollout = make_handle("rollout0", functools.partial(build_rollout_server, cfg, **shared),
                           backend=cfg.backend, num_cpus=rollout_cpus)
-    trainer = make_handle("trainer", functools.partial(build_trainer_side, cfg, old_log_prob_source, **shared),
+    trainer = make_handle("trainer", functools.partial(build_trainer_side, cfg, **shared),
                           backend=cfg.backend, num_cpus=trainer_cpus)
     gpus = cfg.trainer.device == "cuda"
     sync = ParameterSynchronizer(trainer, [rollout], default_transport(cfg.backend, gpus=gpus))

@@ -74,7 +74,18 @@ def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
     return sorted({tok.eos_token_id, *extra})
 
 
-def build_trainer_side(cfg: Config, old_log_prob_source: str, model: PreTrainedModel | None = None,
+def old_log_prob_source(cfg: Config) -> str:
+    """Colocated recomputes (on-policy). Decoupled: the engine's behaviour log-probs by default
+    (`async_training.use_rollout_log_probs`), else a recomputed proximal policy, with truncated
+    importance weights when `actor.off_policy_correction` is set (decoupled PPO)."""
+    if cfg.pipeline == "colocated":
+        return "recompute"
+    if cfg.async_training.use_rollout_log_probs:
+        return "rollout"
+    return "recompute" if cfg.actor.off_policy_correction == "none" else "proximal"
+
+
+def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
                        tok: PreTrainedTokenizerBase | None = None) -> PPOTrainer:
     """Actor (+ reference, + critic for gae) around `model`, loaded here when not given."""
     if model is None or tok is None:
@@ -89,4 +100,4 @@ def build_trainer_side(cfg: Config, old_log_prob_source: str, model: PreTrainedM
     actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature or 1.0,
                   norm_length=cfg.data.max_response_length)
     return PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
-                      old_log_prob_source=old_log_prob_source)
+                      old_log_prob_source=old_log_prob_source(cfg))

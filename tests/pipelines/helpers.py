@@ -7,7 +7,7 @@ import importlib
 import json
 from pathlib import Path
 
-from asyncrl.cli import PIPELINE_MODULES, old_log_prob_source
+from asyncrl.cli import PIPELINE_MODULES
 from asyncrl.config import load_config
 from asyncrl.pipelines.setup import RunContext, build_context
 
@@ -15,7 +15,7 @@ from asyncrl.pipelines.setup import RunContext, build_context
 def make_context(out: Path, *overrides: str) -> RunContext:
     cfg = load_config(None, [f"trainer.output_dir={out}", "trainer.logger=[jsonl]", "num_threads=1",
                              *overrides])
-    return build_context(cfg, old_log_prob_source=old_log_prob_source(cfg), log=lambda _: None)
+    return build_context(cfg, log=lambda _: None)
 
 
 def run_pipeline(out: Path, *overrides: str) -> list[dict]:
