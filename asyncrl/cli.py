@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import sys
 import time
 
 from asyncrl.config import dump_config, load_config
 from asyncrl.errors import AsyncRLError
-
-PIPELINE_MODULES = {"colocated": "asyncrl.pipelines.colocated",
-                    "one_step_off": "asyncrl.pipelines.one_step_off",
-                    "fully_async": "asyncrl.pipelines.fully_async"}
-
 
 def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
     path = args[0] if args and "=" not in args[0] and args[0].endswith((".yaml", ".yml")) else None
@@ -29,9 +23,10 @@ def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
 def train(args: list[str]) -> int:
     path, overrides = _split_args(args)
     cfg = load_config(path, overrides)
+    from asyncrl.pipelines import pipeline_module
     from asyncrl.pipelines.setup import build_context
 
-    module = importlib.import_module(PIPELINE_MODULES[cfg.pipeline])
+    module = pipeline_module(cfg.pipeline)
     start = time.perf_counter()
     ctx = build_context(cfg)
     step = asyncio.run(module.run(ctx))

@@ -233,7 +233,8 @@ def _positive(cfg: Config) -> None:
                 "actor.ppo_mini_batch_size", "actor.ppo_epochs", "trainer.total_training_steps",
                 "async_training.require_batches", "async_training.trigger_parameter_sync_step",
                 "rollout.kv_budget_tokens", "rollout.max_num_seqs", "rollout.num_engines",
-                "actor.ppo_micro_batch_tokens"):
+                "actor.ppo_micro_batch_tokens", "rollout.tensor_model_parallel_size",
+                "sim.length_median", "sim.prompt_length"):
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) <= 0:
             raise ConfigError(f"{key} must be positive")
@@ -259,6 +260,8 @@ def validate(cfg: Config) -> None:
     _positive(cfg)
     _batch_rules(cfg)
     _async_rules(cfg)
+    if not 0 <= cfg.sim.accuracy <= 1 or cfg.sim.length_sigma < 0:
+        raise ConfigError("sim.accuracy must be in [0, 1] and sim.length_sigma >= 0")
 
 
 def _batch_rules(cfg: Config) -> None:

@@ -65,6 +65,8 @@ class RolloutConfig:
     """Maximum sequences decoded together by one engine."""
     num_engines: int = 1
     """Rollout engines behind the router."""
+    tensor_model_parallel_size: int = 1
+    """Devices per rollout engine (modelled by `asyncrl sim`; the CPU torch engine runs with 1)."""
     val_n: int = 4
     """Responses per validation prompt (mean@k / pass@k over them)."""
     val_temperature: float = 1.0
@@ -234,6 +236,24 @@ class AsyncTrainingConfig:
 
 
 @dataclass(frozen=True)
+class SimConfig:
+    profile: str = "h20-qwen2.5-7b"
+    """Hardware/model profile of `asyncrl sim`: a built-in name (h20-qwen2.5-7b, cpu-tiny) or a YAML from `asyncrl sim --fit`."""
+    length_median: float = 1000.0
+    """Median response length in tokens (lognormal; ignored with rollout.length_from_prompt)."""
+    length_sigma: float = 0.9
+    """Lognormal shape of response lengths: 0.9 puts the longest of 8K responses ~25x above the median."""
+    length_growth: float = 0.0
+    """Relative growth of the median length per policy version (0.0025 doubles it in 400 versions)."""
+    prompt_length: int = 150
+    """Prompt tokens per row."""
+    accuracy: float = 0.5
+    """Probability a response scores 1 (drives dynamic sampling; the simulator models no learning)."""
+    trace_max_events: int = 200000
+    """Spans kept in the simulated trace.json (later ones are counted, not kept)."""
+
+
+@dataclass(frozen=True)
 class Config:
     pipeline: str = "colocated"
     """colocated | one_step_off | fully_async."""
@@ -261,3 +281,5 @@ class Config:
     """Run length, validation, checkpoints, logging."""
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     """Fully asynchronous pipeline."""
+    sim: SimConfig = field(default_factory=SimConfig)
+    """The cluster simulator (`asyncrl sim`): profile and workload."""

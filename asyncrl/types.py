@@ -7,10 +7,58 @@ This module imports nothing from the rest of the package.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 FinishReason = Literal["stop", "length", "aborted"]
+V = TypeVar("V")
+
+
+class RunLength(Sequence[V]):
+    """A long sequence stored as (value, count) runs, in O(runs) memory.
+
+    The simulator's responses are thousands of tokens it never materialises: their token ids,
+    log-probs and per-token versions are `RunLength`s, so code that reads `len(...)`,
+    `versions[0]` or `versions[-1]` works unchanged. Example:
+    RunLength(((3, 2), (4, 1))) == [3, 3, 4]; .distinct() == {3, 4}.
+    """
+
+    __slots__ = ("runs", "_len")
+
+    def __init__(self, runs: tuple[tuple[V, int], ...], length: int | None = None) -> None:
+        self.runs = runs
+        self._len = sum(n for _, n in runs) if length is None else length
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, index: int) -> V: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[V]: ...
+    def __getitem__(self, index: int | slice) -> V | list[V]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        i = index + self._len if index < 0 else index
+        if not 0 <= i < self._len:
+            raise IndexError(index)
+        for value, n in self.runs:
+            if i < n:
+                return value
+            i -= n
+        raise AssertionError("unreachable")
+
+    def __iter__(self) -> Iterator[V]:
+        for value, n in self.runs:
+            for _ in range(n):
+                yield value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def distinct(self) -> set[V]:
+        return {v for v, _ in self.runs}
 
 
 @dataclass(frozen=True)
@@ -70,10 +118,10 @@ class Trajectory:
     """
 
     request_id: str
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    logprobs: Sequence[float]
+    versions: Sequence[int]
     finish_reason: FinishReason
     reward: float = 0.0
     reward_details: dict[str, float] = field(default_factory=dict)
@@ -91,6 +139,8 @@ class Trajectory:
     @property
     def num_segments(self) -> int:
         """How many policy versions produced this response (1 unless it was partially rolled out)."""
+        if isinstance(self.versions, RunLength):
+            return len(self.versions.distinct())
         return len(set(self.versions))
 
 

@@ -1,0 +1,15 @@
+"""The training loops, one per file; `pipeline_module(name)` finds the one `pipeline=` names."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+PIPELINE_MODULES = {"colocated": "asyncrl.pipelines.colocated",
+                    "one_step_off": "asyncrl.pipelines.one_step_off",
+                    "fully_async": "asyncrl.pipelines.fully_async"}
+
+
+def pipeline_module(name: str) -> ModuleType:
+    """The module whose `async run(ctx) -> int` is pipeline `name`."""
+    return importlib.import_module(PIPELINE_MODULES[name])

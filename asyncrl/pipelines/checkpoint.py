@@ -27,7 +27,8 @@ async def save_checkpoint(ctx: RunContext, step: int, extra: dict[str, Any] | No
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     await ctx.trainer.call("save", path)
-    ctx.tokenizer.save_pretrained(path / "actor")
+    if ctx.tokenizer is not None:  # the simulator has none
+        ctx.tokenizer.save_pretrained(path / "actor")
     state = {"step": step, "prompts": ctx.prompts.state_dict(), "extra": extra or {}}
     (path / "state.json").write_text(json.dumps(state))
     (root / LATEST).write_text(str(step))

@@ -16,9 +16,9 @@ resumed run generates them again instead of skipping them.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
+from asyncrl.telemetry import clock
 from asyncrl.pipelines.common import after_step, finish, interrupted, staleness_metrics, start, validate_before_training
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.telemetry.metrics import timer
@@ -72,11 +72,11 @@ async def train_one_step(ctx: RunContext, step: int, pending: asyncio.Task[Batch
 def launch(ctx: RunContext, rows: list[PromptRow], step: int) -> asyncio.Task[Batch]:
     """Start generating (and scoring) a batch in the background."""
     async def generate() -> Batch:
-        start = time.perf_counter()
+        start = clock.now()
         n = ctx.cfg.rollout.n
         groups = await asyncio.gather(*(
             ctx.rollout.generate_scored(r, n, f"{r.uid}@{step}") for r in rows))
-        return list(groups), time.perf_counter() - start
+        return list(groups), clock.now() - start
 
     return asyncio.create_task(generate())
 

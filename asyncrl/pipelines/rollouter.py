@@ -10,9 +10,9 @@ the stream ends only when the trainer says every prompt is trained.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 
+from asyncrl.telemetry import clock
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.queue.message_queue import MessageQueue
 from asyncrl.scheduling.staleness import StalenessBudget
@@ -31,15 +31,15 @@ class Rollouter:
         self._changed = asyncio.Condition()
         self._held = False
         self._idle_s = 0.0
-        self._idle_since: float | None = time.perf_counter()
-        self._start_time = time.perf_counter()
+        self._idle_since: float | None = clock.now()
+        self._start_time = clock.now()
         self._launches = 0
         self._error: BaseException | None = None
         self._finished = False
 
     async def run(self) -> None:
         """Start prompts as the budget allows until the trainer has trained them all."""
-        self._start_time = self._idle_since = time.perf_counter()
+        self._start_time = self._idle_since = clock.now()
         while True:
             async with self._changed:
                 await self._changed.wait_for(
@@ -84,12 +84,12 @@ class Rollouter:
             async with self._changed:
                 self.in_flight -= 1
                 if self.in_flight == 0:
-                    self._idle_since = time.perf_counter()
+                    self._idle_since = clock.now()
                 self._changed.notify_all()
 
     def _mark_busy(self) -> None:
         if self._idle_since is not None:
-            self._idle_s += time.perf_counter() - self._idle_since
+            self._idle_s += clock.now() - self._idle_since
             self._idle_since = None
 
     def requeue(self, row: PromptRow) -> None:
@@ -120,7 +120,7 @@ class Rollouter:
             raise self._error
 
     def metrics(self) -> dict[str, float]:
-        now = time.perf_counter()
+        now = clock.now()
         idle = self._idle_s + (now - self._idle_since if self._idle_since is not None else 0.0)
         return {"rollouter/idle_ratio": idle / max(now - self._start_time, 1e-9),
                 "rollouter/in_flight": self.in_flight, "rollouter/started": self.started}

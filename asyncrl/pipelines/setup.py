@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from asyncrl.config import config_to_dict, dump_config
 from asyncrl.config_schema import Config
 from asyncrl.data import PromptIterator
+from asyncrl.errors import ConfigError
 from asyncrl.models import load_model
 from asyncrl.sync import ParameterSynchronizer, default_transport
 from asyncrl.telemetry.loggers import Tracker, make_tracker
@@ -55,7 +56,7 @@ class RolloutRouter:
 class RunContext:
     cfg: Config
     output_dir: Path
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None
     train_rows: list[PromptRow]
     val_rows: list[PromptRow]
     prompts: PromptIterator
@@ -77,6 +78,9 @@ def set_threads(n: int) -> None:
 
 
 def build_context(cfg: Config, *, log: Callable[[str], None] = print) -> RunContext:
+    if cfg.rollout.tensor_model_parallel_size != 1:
+        raise ConfigError("rollout.tensor_model_parallel_size > 1 is modelled by `asyncrl sim` only; "
+                          "the torch engine runs each engine on one device: set it to 1")
     seed_everything(cfg.seed)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)

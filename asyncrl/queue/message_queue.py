@@ -9,9 +9,9 @@ and holds plain `Group`s; it does not decide staleness (see `scheduling.stalenes
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 
+from asyncrl.telemetry import clock
 from asyncrl.types import Group
 
 
@@ -31,7 +31,7 @@ class MessageQueue:
         return len(self._items)
 
     async def put(self, group: Group) -> None:
-        start = time.perf_counter()
+        start = clock.now()
         async with self._changed:
             await self._changed.wait_for(lambda: len(self._items) < self.capacity or self._closed)
             assert not self._closed, "put after close"
@@ -39,16 +39,16 @@ class MessageQueue:
             self.total_put += 1
             self.max_size = max(self.max_size, len(self._items))
             self._changed.notify_all()
-        self.put_wait_s += time.perf_counter() - start
+        self.put_wait_s += clock.now() - start
 
     async def get(self) -> Group | None:
         """The oldest group, or None when closed and drained."""
-        start = time.perf_counter()
+        start = clock.now()
         async with self._changed:
             await self._changed.wait_for(lambda: bool(self._items) or self._closed)
             item = self._items.popleft() if self._items else None
             self._changed.notify_all()
-        self.get_wait_s += time.perf_counter() - start
+        self.get_wait_s += clock.now() - start
         return item
 
     async def close(self) -> None:

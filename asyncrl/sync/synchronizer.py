@@ -14,9 +14,9 @@ sync (the pipelines and `scheduling/`).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 
+from asyncrl.telemetry import clock
 from asyncrl.errors import SyncError
 from asyncrl.sync.buckets import DEFAULT_BUCKET_MB
 from asyncrl.sync.collective import DEFAULT_TIMEOUT_S
@@ -28,16 +28,16 @@ from asyncrl.workers.group import WorkerHandle
 class ParameterSynchronizer:
     """Weight sync from one trainer handle to a list of rollout handles over one transport."""
 
-    def __init__(self, trainer: WorkerHandle, rollouts: Sequence[WorkerHandle], transport: str,
+    def __init__(self, trainer: WorkerHandle, rollouts: Sequence[WorkerHandle], transport: str | Transport,
                  *, verify: bool = False, bucket_mb: float = DEFAULT_BUCKET_MB,
                  collective_backend: str = "auto",
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         assert rollouts, "weight sync needs at least one rollout worker"
         self.trainer = trainer
         self.rollouts = list(rollouts)
-        self.transport_name = transport
+        self.transport_name = transport if isinstance(transport, str) else type(transport).__name__
         self.verify = verify
-        self.transport: Transport = make_transport(
+        self.transport: Transport = transport if not isinstance(transport, str) else make_transport(
             transport, trainer, self.rollouts, bucket_mb=bucket_mb,
             collective_backend=collective_backend, timeout_s=timeout_s)
         self.meta: list[WeightMeta] | None = None
@@ -54,16 +54,16 @@ class ParameterSynchronizer:
         """Pause → transfer → load + version → [verify] → resume; returns timings and sizes."""
         if self.meta is None:
             await self.setup()
-        marks = [time.perf_counter()]
+        marks = [clock.now()]
         await asyncio.gather(*(r.call("pause", interrupt) for r in self.rollouts))
-        marks.append(time.perf_counter())
+        marks.append(clock.now())
         await self.transport.transfer(version)
-        marks.append(time.perf_counter())
+        marks.append(clock.now())
         if self.verify:
             await self._verify(version)
-        marks.append(time.perf_counter())
+        marks.append(clock.now())
         await asyncio.gather(*(r.call("resume") for r in self.rollouts))
-        marks.append(time.perf_counter())
+        marks.append(clock.now())
         return self._metrics(marks, version)
 
     async def close(self) -> None:

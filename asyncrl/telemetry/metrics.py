@@ -7,24 +7,24 @@ advantage/return statistics verl logs, so existing dashboards read our runs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 
+from asyncrl.telemetry import clock
 from asyncrl.types import Group
 
 
 @contextmanager
 def timer(name: str, metrics: dict[str, float]) -> Iterator[None]:
     """Add the block's wall time to `metrics[f"timing_s/{name}"]` (accumulates on repeats)."""
-    start = time.perf_counter()
+    start = clock.now()
     try:
         yield
     finally:
         key = f"timing_s/{name}"
-        metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start
+        metrics[key] = metrics.get(key, 0.0) + clock.now() - start
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:

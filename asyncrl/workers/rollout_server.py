@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from asyncrl.telemetry import clock
 from asyncrl.config_schema import Config
 from asyncrl.sync import WeightMeta, as_pairs, checksum, export_named, recv_weights
 from asyncrl.sync.tensors import NamedTensors
@@ -45,17 +45,17 @@ class RolloutServer:
 
     async def score(self, groups: list[Group]) -> list[Group]:
         """Rewards in a worker thread, so the engines keep stepping meanwhile."""
-        start = time.time()
+        start = clock.now()
         await asyncio.to_thread(self.reward.score_groups, groups)
-        end = time.time()
+        end = clock.now()
         for t in (t for g in groups for t in g.trajectories):
             t.timings |= {"reward_start": start, "reward_end": end}
         return groups
 
     async def _timed_sample(self, request: GenerationRequest) -> Trajectory:
-        start = time.time()
+        start = clock.now()
         traj = await self._sample(request)
-        traj.timings |= {"gen_start": start, "gen_end": time.time()}
+        traj.timings |= {"gen_start": start, "gen_end": clock.now()}
         return traj
 
     async def _sample(self, request: GenerationRequest) -> Trajectory:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 from pathlib import Path
 
-from asyncrl.cli import PIPELINE_MODULES
+from asyncrl.pipelines import pipeline_module
 from asyncrl.config import load_config
 from asyncrl.pipelines.setup import RunContext, build_context
 
@@ -20,7 +19,7 @@ def make_context(out: Path, *overrides: str) -> RunContext:
 
 def run_pipeline(out: Path, *overrides: str) -> list[dict]:
     ctx = make_context(out, *overrides)
-    asyncio.run(importlib.import_module(PIPELINE_MODULES[ctx.cfg.pipeline]).run(ctx))
+    asyncio.run(pipeline_module(ctx.cfg.pipeline).run(ctx))
     return read_jsonl(out / "metrics.jsonl")
 
 

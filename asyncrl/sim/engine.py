@@ -1,0 +1,287 @@
+"""A modelled rollout engine: continuous batching, KV capacity, preemption, in virtual time.
+
+`EngineModel` is the arithmetic (no asyncio): between two events the running batch is fixed,
+so each decode step costs `a + b*B + c*context` with context growing by B tokens a step, and
+the time to go from decode position S0 to S1 has a closed form. Events are a request
+finishing, the KV cache filling up (the newest request is preempted and later recomputed, as
+vLLM's recompute preemption does), an arrival, a pause/interrupt, or a version change.
+Millions of responses therefore cost a few heap operations each, not one Python step per token.
+
+`SimEngine` puts the model on the event loop: it looks ahead on a copy to the next moment a
+whole group finishes, sets one timer there, and resolves that group's future when it fires.
+Anything that arrives before then (a new group, a pause) first brings the model to "now".
+
+Not modelled: prefix caching, speculative decoding, chunked-prefill interleaving (prefill is
+charged up front when a request is admitted), and per-token sampling (lengths are drawn when
+a request is submitted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import heapq
+import math
+from collections import deque
+
+Runs = tuple[tuple[int, int], ...]
+"""(version, tokens) runs: which policy version produced how many tokens of a response."""
+
+
+class SimRequest:
+    """One response to generate: `target` tokens (drawn when submitted) after `prompt_len`."""
+
+    __slots__ = ("group", "prompt_len", "target", "max_tokens", "submitted")
+
+    def __init__(self, group: int, prompt_len: int, target: int, max_tokens: int, submitted: float) -> None:
+        self.group, self.prompt_len, self.target = group, prompt_len, target
+        self.max_tokens, self.submitted = max_tokens, submitted
+
+
+Finished = tuple[SimRequest, Runs, float]
+"""(request, its version runs, the time it finished)."""
+
+
+def extend_runs(runs: Runs, version: int, tokens: int) -> Runs:
+    if tokens <= 0:
+        return runs
+    if runs and runs[-1][0] == version:
+        return (*runs[:-1], (version, runs[-1][1] + tokens))
+    return (*runs, (version, tokens))
+
+
+# One running request: (finish position, admission order, request, base position, runs before
+# this segment, tokens before this segment). Its generated tokens at position S are S - base.
+Running = tuple[float, int, SimRequest, float, Runs, int]
+Waiting = tuple[SimRequest, Runs, int]
+
+
+class EngineModel:
+    def __init__(self, coefficients: tuple[float, float, float], prefill_s_per_token: float,
+                 kv_capacity: int, max_seqs: int, watermark: float = 0.01) -> None:
+        self.a, self.b, self.c = coefficients
+        self.prefill = prefill_s_per_token
+        self.capacity = float(kv_capacity)
+        self.admit_limit = kv_capacity * (1 - watermark)
+        self.max_seqs = max_seqs
+        self.t = 0.0
+        self.S = 0.0
+        self.running: list[Running] = []
+        self.waiting: deque[Waiting] = deque()
+        self.remaining: dict[int, int] = {}
+        self.done: dict[int, tuple[Finished, ...]] = {}
+        self.prompt_sum = 0.0
+        self.base_sum = 0.0
+        self.version = 0
+        self.paused = False
+        self.preemptions = 0
+        self.generated = 0
+        self._order = 0
+        self._blocked = False  # after a preemption, admit nothing until a request finishes
+
+    def copy(self) -> EngineModel:
+        new = copy.copy(self)
+        new.running, new.waiting = list(self.running), deque(self.waiting)
+        new.remaining, new.done = dict(self.remaining), dict(self.done)
+        return new
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def context_tokens(self) -> float:
+        return self.prompt_sum - self.base_sum + len(self.running) * self.S
+
+    def submit(self, requests: list[SimRequest]) -> None:
+        for r in requests:
+            self.waiting.append((r, (), 0))
+            self.remaining[r.group] = self.remaining.get(r.group, 0) + 1
+
+    def advance(self, until: float, stop_after_group: bool = False) -> list[tuple[int, tuple[Finished, ...]]]:
+        """Run to time `until` (or to the first finished group): the groups that finished."""
+        finished: list[tuple[int, tuple[Finished, ...]]] = []
+        if self.paused:
+            return finished
+        while True:
+            if self.waiting:
+                self._admit()
+            if not self.running:
+                self.t = max(self.t, until)
+                return finished
+            n = len(self.running)
+            kv_full = (self.capacity - self.prompt_sum + self.base_sum) / n if n > 1 else math.inf
+            target = max(min(self.running[0][0], kv_full), self.S)
+            dt = self._seconds(target)
+            if self.t + dt > until:
+                self.S += self._steps_within(until - self.t)
+                self.t = until
+                return finished
+            self.t, self.S = self.t + dt, target
+            if self.running[0][0] <= target + 1e-9:
+                finished += self._complete()
+                if finished and stop_after_group:
+                    return finished
+            else:
+                self._preempt()
+
+    def _alpha_beta(self) -> tuple[float, float]:
+        n = len(self.running)
+        return self.a + self.b * n + self.c * (self.prompt_sum - self.base_sum), self.c * n
+
+    def _seconds(self, target: float) -> float:
+        """Time to decode from position S to `target` with the current batch."""
+        alpha, beta = self._alpha_beta()
+        return alpha * (target - self.S) + beta * (target * target - self.S * self.S) / 2
+
+    def _steps_within(self, seconds: float) -> float:
+        alpha, beta = self._alpha_beta()
+        q = alpha + beta * self.S
+        return 2 * seconds / (q + math.sqrt(q * q + 2 * beta * seconds))
+
+    def _admit(self) -> None:
+        if self._blocked and self.running:
+            return
+        running, waiting, S = self.running, self.waiting, self.S
+        context, tokens = self.context_tokens(), 0
+        while waiting and len(running) < self.max_seqs:
+            request, runs, done = waiting[0]
+            need = request.prompt_len + done
+            if running and context + need > self.admit_limit:
+                break
+            waiting.popleft()
+            base = S - done
+            self._order += 1
+            heapq.heappush(running, (base + request.target, self._order, request, base, runs, done))
+            self.prompt_sum += request.prompt_len
+            self.base_sum += base
+            context += need
+            tokens += need
+        self.t += tokens * self.prefill
+
+    def _remove(self, entry: Running) -> Waiting:
+        """Take `entry` out of the batch: (request, runs, tokens) including this segment's."""
+        _, _, request, base, runs, done = entry
+        self.prompt_sum -= request.prompt_len
+        self.base_sum -= base
+        total = min(int(self.S - base + 1e-6), request.target)
+        self.generated += max(total - done, 0)
+        return request, extend_runs(runs, self.version, total - done), max(total, done)
+
+    def _complete(self) -> list[tuple[int, tuple[Finished, ...]]]:
+        groups = []
+        self._blocked = False
+        running, done_by_group, remaining = self.running, self.done, self.remaining
+        while running and running[0][0] <= self.S + 1e-9:
+            _, _, request, base, runs, done = heapq.heappop(running)
+            self.prompt_sum -= request.prompt_len
+            self.base_sum -= base
+            self.generated += request.target - done
+            g = request.group
+            finished = (request, extend_runs(runs, self.version, request.target - done), self.t)
+            done_by_group[g] = (*done_by_group.get(g, ()), finished)
+            remaining[g] -= 1
+            if remaining[g] == 0:
+                del remaining[g]
+                groups.append((g, done_by_group.pop(g)))
+        return groups
+
+    def _preempt(self) -> None:
+        """KV cache full: the most recently admitted request goes back to the queue's front."""
+        newest = max(range(len(self.running)), key=lambda i: self.running[i][1])
+        entry = self.running.pop(newest)
+        heapq.heapify(self.running)
+        self.waiting.appendleft(self._remove(entry))
+        self.preemptions += 1
+        self._blocked = True
+
+    def interrupt(self) -> int:
+        """Abort every running request, keeping its tokens; it continues when stepping resumes
+        (re-prefilling prompt + partial response). Returns how many were interrupted."""
+        entries = sorted(self.running, key=lambda e: e[1])
+        self.running = []
+        for entry in reversed(entries):
+            self.waiting.appendleft(self._remove(entry))
+        self.prompt_sum = self.base_sum = 0.0
+        return len(entries)
+
+    def set_version(self, version: int) -> None:
+        """New weights: tokens from here on carry `version`; running segments are closed."""
+        entries, self.running = self.running, []
+        for entry in entries:
+            _, runs, done = self._remove(entry)
+            self.prompt_sum += entry[2].prompt_len
+            self.base_sum += entry[3]
+            heapq.heappush(self.running, (*entry[:4], runs, done))
+        self.version = version
+
+
+class SimEngine:
+    """An `EngineModel` on the virtual-clock event loop; one future per submitted group."""
+
+    def __init__(self, model: EngineModel) -> None:
+        self.model = model
+        self._futures: dict[int, asyncio.Future[tuple[Finished, ...]]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._ahead: tuple[EngineModel, list[tuple[int, tuple[Finished, ...]]]] | None = None
+        self._replan_pending = False
+
+    async def generate(self, requests: list[SimRequest]) -> tuple[Finished, ...]:
+        """Submit one group's requests; returns when the last of them finishes."""
+        self.catch_up()
+        future = asyncio.get_running_loop().create_future()
+        self._futures[requests[0].group] = future
+        self.model.submit(requests)
+        self._request_replan()
+        return await future
+
+    def catch_up(self) -> None:
+        """Bring the model to the loop's current time (before anything changes it)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._resolve(self.model.advance(asyncio.get_running_loop().time()))
+
+    def pause(self, interrupt: bool) -> int:
+        self.catch_up()
+        self.model.paused = True
+        return self.model.interrupt() if interrupt else 0
+
+    def resume(self) -> None:
+        self.model.paused = False
+        self.model.t = max(self.model.t, asyncio.get_running_loop().time())
+        self._request_replan()
+
+    def set_version(self, version: int) -> None:
+        self.catch_up()
+        self.model.set_version(version)
+        self._request_replan()
+
+    def _request_replan(self) -> None:
+        if not self._replan_pending:
+            self._replan_pending = True
+            asyncio.get_running_loop().call_soon(self._replan)
+
+    def _replan(self) -> None:
+        self._replan_pending = False
+        self.catch_up()
+        if self.model.paused or not self.model.busy:
+            return
+        ahead = self.model.copy()
+        finished = ahead.advance(math.inf, stop_after_group=True)
+        if finished:
+            self._ahead = (ahead, finished)
+            self._timer = asyncio.get_running_loop().call_at(ahead.t, self._fire)
+
+    def _fire(self) -> None:
+        assert self._ahead is not None
+        self._timer = None
+        self.model, finished = self._ahead
+        self._ahead = None
+        self._resolve(finished)
+        self._replan()
+
+    def _resolve(self, finished: list[tuple[int, tuple[Finished, ...]]]) -> None:
+        for group, results in finished:
+            future = self._futures.pop(group, None)
+            if future is not None and not future.done():
+                future.set_result(results)

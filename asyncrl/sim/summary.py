@@ -1,0 +1,120 @@
+"""What a run achieved, read from its metrics.jsonl: phase times, idle ratios, staleness,
+throughput. Used for simulated runs (`asyncrl sim`, `--compare`) and for the measured CPU
+runs the benchmarks put next to the simulator's predictions, so both sides are summarised by
+the same code.
+
+Idle ratios: fully async logs `trainer/idle_ratio` (waiting for samples / step) and
+`rollouter/idle_ratio` (no group in flight / elapsed) itself. For the other pipelines they are
+derived the same way: colocated, the trainer waits while generating (gen / step) and the
+engines wait while training (1 - gen / step); one-step-off, the trainer waits for
+`wait_prev_gen` and the engines idle for step - generate_sequences.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config_schema import Config
+
+PHASES = ("gen", "generate_sequences", "wait_prev_gen", "wait_samples", "reward", "old_log_prob", "ref",
+          "update_actor", "param_sync", "step")
+
+
+@dataclass
+class SimSummary:
+    label: str
+    steps: int
+    total_s: float
+    """Virtual (or measured) seconds from start to the end of the last step."""
+    samples_per_s: float
+    trainer_idle: float
+    rollout_idle: float
+    phases: dict[str, float]
+    """Mean seconds per step of each timed phase present (timing_s/<phase>)."""
+    version_lag_mean: float
+    version_lag_max: float
+    stale_samples: float
+    partial_ratio: float
+    preemptions: float
+    sim_wall_s: float = 0.0
+    """Seconds the simulation itself took (0 for measured runs)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mode_label(cfg: Config) -> str:
+    if cfg.pipeline != "fully_async":
+        return cfg.pipeline
+    a = cfg.async_training
+    mode = "d" if a.partial_rollout else "c" if a.staleness_threshold > 0 else \
+        "b" if a.trigger_parameter_sync_step > 1 else "a"
+    return f"fully_async ({mode})"
+
+
+def read_steps(path: Path) -> list[dict[str, float]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("timing_s/step") is not None]
+
+
+def summarise(cfg: Config, output_dir: Path, total_s: float | None = None, sim_wall_s: float = 0.0,
+              label: str | None = None) -> SimSummary:
+    steps = read_steps(output_dir / "metrics.jsonl")
+    assert steps, f"no steps in {output_dir / 'metrics.jsonl'}"
+    phases = {p: _mean(steps, f"timing_s/{p}") for p in PHASES if any(f"timing_s/{p}" in r for r in steps)}
+    total = total_s if total_s is not None else sum(r["timing_s/step"] for r in steps)
+    trainer_idle, rollout_idle = _idle(cfg.pipeline, steps)
+    return SimSummary(
+        label=label or mode_label(cfg), steps=len(steps), total_s=total,
+        samples_per_s=sum(r.get("training/responses", 0) for r in steps) / max(total, 1e-9),
+        trainer_idle=trainer_idle, rollout_idle=rollout_idle, phases=phases,
+        version_lag_mean=_mean(steps, "staleness/version_lag_mean"),
+        version_lag_max=max((r.get("staleness/version_lag_max", 0) for r in steps), default=0),
+        stale_samples=sum(r.get("fully_async/count/stale_samples_processed", 0) for r in steps),
+        partial_ratio=_mean(steps, "fully_async/partial/partial_ratio"),
+        preemptions=steps[-1].get("rollouter/preemptions", 0.0), sim_wall_s=sim_wall_s)
+
+
+def _idle(pipeline: str, steps: list[dict[str, float]]) -> tuple[float, float]:
+    def ratio(key: str) -> float:
+        return _mean([{"v": r.get(key, 0.0) / r["timing_s/step"]} for r in steps if r["timing_s/step"] > 0], "v")
+
+    if pipeline == "fully_async":
+        return _mean(steps, "trainer/idle_ratio"), steps[-1].get("rollouter/idle_ratio", 0.0)
+    if pipeline == "one_step_off":
+        return ratio("timing_s/wait_prev_gen"), max(0.0, 1 - ratio("timing_s/generate_sequences"))
+    gen = ratio("timing_s/gen")
+    return gen, 1 - gen
+
+
+def _mean(rows: list[dict[str, float]], key: str) -> float:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return sum(values) / len(values) if values else 0.0
+
+
+def table(summaries: list[SimSummary]) -> str:
+    """A markdown table, one row per run."""
+    base = summaries[0].total_s
+    head = ("| run | steps | total | vs first | samples/s | step s | gen s | old_lp s | update s | sync s "
+            "| trainer idle | rollout idle | lag mean/max | partial |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for s in summaries:
+        p = s.phases
+        gen = p.get("gen", p.get("generate_sequences", p.get("wait_samples", 0.0)))
+        lines.append(
+            f"| {s.label} | {s.steps} | {_duration(s.total_s)} | {base / s.total_s:.2f}x | {s.samples_per_s:.3g} "
+            f"| {p.get('step', 0):.1f} | {gen:.1f} | {p.get('old_log_prob', 0):.1f} | {p.get('update_actor', 0):.1f} "
+            f"| {p.get('param_sync', 0):.2f} | {s.trainer_idle:.2f} | {s.rollout_idle:.2f} "
+            f"| {s.version_lag_mean:.2f}/{s.version_lag_max:.0f} | {s.partial_ratio:.2f} |")
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    d, rest = divmod(int(round(seconds)), 86400)
+    h, rest = divmod(rest, 3600)
+    return f"{d}d {h}h {rest // 60}m" if d else f"{h}h {rest // 60}m" if h else f"{rest // 60}m {rest % 60}s"
