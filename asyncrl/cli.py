@@ -1,7 +1,9 @@
-"""The `asyncrl` command: `asyncrl train [CONFIG.yaml] [key=value ...]`.
+"""The `asyncrl` command: `asyncrl train|sim|config [CONFIG.yaml] [key=value ...]`.
 
 A YAML file (optional) then dotted overrides, e.g.
 `asyncrl train pipeline=colocated trainer.total_training_steps=20 rollout.n=8`.
+`asyncrl sim` runs the same config on a modelled cluster in virtual time (`--compare` several
+variants side by side, `--fit metrics.jsonl` fits a profile to a measured run).
 `asyncrl config` prints the resolved config with every key documented.
 """
 
@@ -11,6 +13,7 @@ import argparse
 import asyncio
 import sys
 import time
+from pathlib import Path
 
 from asyncrl.config import dump_config, load_config
 from asyncrl.errors import AsyncRLError
@@ -35,6 +38,38 @@ def train(args: list[str]) -> int:
     return 0
 
 
+def sim(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl sim")
+    parser.add_argument("--compare", nargs="+", default=None, metavar="VARIANT",
+                        help="quoted override strings, or 'modes' for every pipeline and mode")
+    parser.add_argument("--fit", type=Path, default=None, metavar="METRICS.jsonl",
+                        help="fit sim.profile's efficiencies to a measured run of this config")
+    parser.add_argument("--out", type=Path, default=Path("profile-fitted.yaml"), help="where --fit writes")
+    ns, rest = parser.parse_known_args(args)
+    path, overrides = _split_args(rest)
+    if ns.compare:
+        from asyncrl.sim.compare import compare
+        from asyncrl.sim.summary import table
+
+        print(table(compare(path, overrides, ns.compare, log=lambda m: print(m, file=sys.stderr))))
+        return 0
+    cfg = load_config(path, overrides)
+    if ns.fit:
+        from asyncrl.sim.fit import fit_from_run
+
+        fit_from_run(cfg, ns.fit, ns.out, log=lambda m: print(m, file=sys.stderr))
+        print(f"wrote {ns.out}; use it with sim.profile={ns.out}", file=sys.stderr)
+        return 0
+    from asyncrl.sim.run import simulate
+    from asyncrl.sim.summary import table
+
+    summary = simulate(cfg)
+    print(table([summary]))
+    print(f"simulated {summary.steps} steps ({summary.total_s:.0f} virtual s) in {summary.sim_wall_s:.1f} s; "
+          f"metrics and trace in {cfg.trainer.output_dir}", file=sys.stderr)
+    return 0
+
+
 def show_config(args: list[str]) -> int:
     if "--reference" in args:
         from asyncrl.config import reference_markdown
@@ -50,11 +85,11 @@ def show_config(args: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "config"])
+    parser.add_argument("command", choices=["train", "sim", "config"])
     parser.add_argument("args", nargs=argparse.REMAINDER, help="[CONFIG.yaml] [key=value ...]")
     ns = parser.parse_args(argv)
     try:
-        return {"train": train, "config": show_config}[ns.command](ns.args)
+        return {"train": train, "sim": sim, "config": show_config}[ns.command](ns.args)
     except AsyncRLError as exc:
         print(f"asyncrl: error: {exc}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,7 +74,7 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
         lines.append(f"| {r['config']} | {r['wall_s']:.1f} | {base / r['wall_s']:.2f}× | {r['samples_per_s']:.1f} | "
                      f"{fmt(r['trainer_idle_ratio'])} | {fmt(r['rollouter_idle_ratio'])} | {fmt(r['wait_prev_gen_s'])} |")
     cmd = "PYTHONPATH=. python bench/pipelines.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "runs_dir") and v != "")
     return "\n".join([f"Command: `{cmd}`", "", *lines])
 
 
@@ -86,12 +87,16 @@ def main() -> None:
     p.add_argument("--micro-tokens", type=int, default=8192)
     p.add_argument("--only", default="", help="comma-separated config names (default: all)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "pipelines.json"))
+    p.add_argument("--runs-dir", default="", help="keep each run's outputs here (default: a temp dir)")
     args = p.parse_args()
     names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.runs_dir or tmp)
         for i, name in enumerate(names):
-            results.append(run(name, [*common(args), *CONFIGS[name]], Path(tmp) / str(i)))
+            overrides = [*common(args), *CONFIGS[name]]
+            shutil.rmtree(root / str(i), ignore_errors=True)
+            results.append(run(name, overrides, root / str(i)) | {"overrides": overrides, "run_dir": str(root / str(i))})
             print(json.dumps(results[-1]), flush=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     print(table(results, args))

@@ -14,8 +14,9 @@ Training (`devices` GPUs, data-parallel ranks of `sequence_parallel` devices eac
 of length l costs 2*params*l + 2*layers*hidden*l^2 forward FLOPs (the second term: causal
 attention). Sequences are balanced over ranks longest-first (snake order, as verl's
 seqlen balancing does); a pass takes as long as its busiest rank, plus `micro_batch_s` for
-every micro-batch of `micro_tokens` tokens that rank runs. The update costs 3x the forward
-FLOPs per PPO epoch plus `optimizer_step_s` per mini-batch.
+every micro-batch of `micro_tokens` tokens that rank runs. A log-prob pass adds
+`logprob_pass_s`; the update costs 3x the forward FLOPs per PPO epoch plus `optimizer_step_s`
+per mini-batch.
 
 Worked example (h20-qwen2.5-7b, tp=4): a = 4.4 ms, b = 0.12 ms, c = 5.9 ns; a decode step of
 256 sequences holding 512K cached tokens takes 4.4 + 31 + 3.0 = 38 ms.
@@ -90,8 +91,8 @@ def pass_seconds(p: Profile, lengths: np.ndarray, devices: int, micro_tokens: in
 
 
 def logprob_seconds(p: Profile, lengths: np.ndarray, devices: int, micro_tokens: int) -> float:
-    """Old or reference log-probs of a batch: one forward pass."""
-    return pass_seconds(p, lengths, devices, micro_tokens, 1.0, p.logprob_mfu)
+    """Old or reference log-probs of a batch: one forward pass plus its fixed cost."""
+    return p.logprob_pass_s + pass_seconds(p, lengths, devices, micro_tokens, 1.0, p.logprob_mfu)
 
 
 def update_seconds(p: Profile, mini_batches: Sequence[np.ndarray], devices: int, micro_tokens: int,

@@ -63,6 +63,8 @@ class Profile:
     """Fitted: MFU of old/ref log-prob forward passes."""
     micro_batch_s: float
     """Fitted: fixed cost per micro-batch per pass (FSDP all-gather / reduce-scatter, launches)."""
+    logprob_pass_s: float
+    """Fitted: fixed cost per log-prob pass (e.g. reloading offloaded parameters after generation)."""
     optimizer_step_s: float
     """Fitted: fixed cost per optimizer step (grad clip, AdamW, FSDP reduce)."""
     sequence_parallel: int = 1

@@ -50,8 +50,9 @@ class SimRolloutServer:
 
     def __init__(self, cfg: Config, profile: Profile, tp: int, workload: Workload) -> None:
         self.cfg, self.profile, self.workload = cfg, profile, workload
+        capacity = cfg.rollout.kv_budget_tokens if profile.device == "cpu" else costs.kv_capacity_tokens(profile, tp)
         model = EngineModel(costs.decode_coefficients(profile, tp), costs.prefill_s_per_token(profile, tp),
-                            costs.kv_capacity_tokens(profile, tp), cfg.rollout.max_num_seqs)
+                            capacity, cfg.rollout.max_num_seqs)
         self.engine = SimEngine(model)
         self.partial_continuations = 0
         self._groups = 0

@@ -1,0 +1,72 @@
+"""`asyncrl sim --compare`: the same workload under several pipelines, modes or splits.
+
+Each variant is a string of overrides applied on top of the base config, e.g.
+`--compare "pipeline=colocated" "pipeline=fully_async async_training.staleness_threshold=0.5"`.
+`--compare modes` expands to colocated, one-step-off and fully async (a)-(d) on the base
+config's rollout/trainer split (colocated gets all of those devices). Results: a markdown
+table on stdout and `compare.md` / `compare.json` in trainer.output_dir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+from asyncrl.config import load_config
+from asyncrl.config_schema import Config
+from asyncrl.errors import ConfigError
+from asyncrl.sim.run import simulate
+from asyncrl.sim.summary import SimSummary, table
+
+MODES = {
+    "one_step_off": "pipeline=one_step_off",
+    "fully_async (a)": "pipeline=fully_async",
+    "fully_async (b)": "pipeline=fully_async async_training.trigger_parameter_sync_step=4",
+    "fully_async (c)": "pipeline=fully_async async_training.staleness_threshold=0.5",
+    "fully_async (d)": "pipeline=fully_async async_training.staleness_threshold=0.5 async_training.partial_rollout=true",
+}
+
+
+def expand(variants: list[str], base: Config) -> dict[str, str]:
+    """Label → overrides. 'modes' becomes colocated (on every device) plus MODES."""
+    out: dict[str, str] = {}
+    for v in variants:
+        if v == "modes":
+            out["colocated"] = _colocated_on_all(base)
+            out |= MODES
+        else:
+            out[v] = v
+    return out
+
+
+def _colocated_on_all(cfg: Config) -> str:
+    r, t = cfg.rollout, cfg.trainer
+    if r.n_gpus_per_node == 0:  # CPU or already colocated
+        return "pipeline=colocated"
+    total = r.nnodes * r.n_gpus_per_node + t.nnodes * t.n_gpus_per_node
+    per_node = t.n_gpus_per_node if total % t.n_gpus_per_node == 0 else total
+    return f"pipeline=colocated trainer.nnodes={total // per_node} trainer.n_gpus_per_node={per_node}"
+
+
+def compare(path: str | None, overrides: list[str], variants: list[str],
+            log: Callable[[str], None] = print) -> list[SimSummary]:
+    base = load_config(path, overrides)
+    out = Path(base.trainer.output_dir)
+    summaries = []
+    for i, (label, extra) in enumerate(expand(variants, base).items()):
+        try:
+            cfg = load_config(path, [*overrides, *shlex.split(extra), f"trainer.output_dir={out / f'variant{i}'}"])
+        except ConfigError as exc:
+            raise ConfigError(f"--compare {label!r}: {exc}") from None
+        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
+            cfg.trainer, logger=tuple(x for x in cfg.trainer.logger if x != "console")))
+        summary = simulate(cfg, log=lambda _: None)
+        summaries.append(dataclasses.replace(summary, label=label))
+        log(f"{label}: {summary.total_s:.0f} virtual s ({summary.sim_wall_s:.1f} s to simulate)")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(table(summaries) + "\n")
+    (out / "compare.json").write_text(json.dumps([s.as_dict() for s in summaries], indent=1))
+    return summaries

@@ -1,0 +1,112 @@
+"""Fit a profile's efficiencies to measured steps, so the simulator predicts your cluster.
+
+Each timed phase is governed by its own efficiency: generation by the rollout coefficients
+(decode and prefill speeds scale together), `old_log_prob` by `logprob_mfu`, `update_actor`
+by `train_mfu`. `fit_profile` simulates every target run with the current profile, multiplies
+each phase's efficiency by the geometric mean of simulated / measured over the targets, and
+repeats; the cost model is close to linear in these factors, so a few rounds converge. The
+physical numbers (FLOP/s, bandwidth, memory, model shape) and the structural costs
+(`decode_step_s` split, per-micro-batch and per-optimizer-step costs) are kept as given.
+
+    asyncrl sim run.yaml --fit outputs/run/metrics.jsonl --out my-cluster.yaml
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from asyncrl.config_schema import Config
+from asyncrl.sim.profile import Profile, load_profile, save_profile
+from asyncrl.sim.summary import read_steps
+
+FITTED = ("gen", "old_log_prob", "update_actor")
+
+
+def measured_phases(metrics_path: Path, skip: int = 1) -> dict[str, float]:
+    """Mean seconds per step of the fitted phases in a real run (first `skip` steps are warm-up)."""
+    steps = read_steps(metrics_path)[skip:] or read_steps(metrics_path)
+    out = {}
+    for phase in FITTED:
+        keys = ("timing_s/gen", "timing_s/generate_sequences") if phase == "gen" else (f"timing_s/{phase}",)
+        values = [r[k] for r in steps for k in keys if r.get(k) is not None]
+        if values:
+            out[phase] = sum(values) / len(values)
+    return out
+
+
+def simulated_phases(cfg: Config, profile: Profile) -> dict[str, float]:
+    from asyncrl.sim.run import simulate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "profile.yaml"
+        save_profile(profile, path)
+        cfg = dataclasses.replace(
+            cfg, sim=dataclasses.replace(cfg.sim, profile=str(path), trace_max_events=0),
+            trainer=dataclasses.replace(cfg.trainer, output_dir=str(Path(tmp) / "run"), logger=("jsonl",),
+                                        test_freq=0, val_before_train=False))
+        summary = simulate(cfg, log=lambda _: None)
+    p = summary.phases
+    return {"gen": p.get("gen", p.get("generate_sequences", 0.0)), "old_log_prob": p.get("old_log_prob", 0.0),
+            "update_actor": p.get("update_actor", 0.0), "step": p.get("step", 0.0)}
+
+
+def rescale(profile: Profile, phase: str, factor: float) -> Profile:
+    """Make `phase` take `factor` times as long."""
+    if phase == "gen":
+        return dataclasses.replace(
+            profile, decode_step_s=profile.decode_step_s * factor, decode_mfu=profile.decode_mfu / factor,
+            mem_bw_eff=profile.mem_bw_eff / factor, prefill_mfu=profile.prefill_mfu / factor)
+    if phase == "old_log_prob":
+        return dataclasses.replace(profile, logprob_mfu=profile.logprob_mfu / factor)
+    assert phase == "update_actor", phase
+    return dataclasses.replace(profile, train_mfu=profile.train_mfu / factor)
+
+
+def fit_profile(targets: Sequence[tuple[Config, dict[str, float]]], profile: Profile, rounds: int = 4,
+                log: Callable[[str], None] = print, phases: Sequence[str] = FITTED) -> Profile:
+    """The profile whose simulated phase times best match the measured ones, in log space."""
+    for r in range(rounds):
+        simulated = [simulated_phases(cfg, profile) for cfg, _ in targets]
+        for phase in phases:
+            pairs = [(m[phase], s[phase]) for (_, m), s in zip(targets, simulated) if m.get(phase) and s.get(phase)]
+            if phase == "old_log_prob" and len(pairs) >= 2:
+                profile = _fit_affine_logprob(profile, pairs)
+            elif pairs:
+                profile = rescale(profile, phase, math.exp(sum(math.log(m / s) for m, s in pairs) / len(pairs)))
+        log(f"fit round {r + 1}: " + "; ".join(
+            f"{ph} sim {s[ph]:.3g} s vs measured {m.get(ph, float('nan')):.3g} s"
+            for (_, m), s in zip(targets, simulated) for ph in FITTED))
+    return profile
+
+
+def _fit_affine_logprob(profile: Profile, pairs: list[tuple[float, float]]) -> Profile:
+    """With several runs, fit both the speed and the fixed cost of a log-prob pass:
+    measured ≈ k * (simulated - fixed) + fixed', least squares in log space over a grid."""
+    compute = [max(s - profile.logprob_pass_s, 1e-9) for _, s in pairs]
+    best = (math.inf, 1.0, profile.logprob_pass_s)
+    top = min(m for m, _ in pairs)
+    for i in range(200):
+        fixed = top * i / 200
+        k = math.exp(sum(math.log(max(m - fixed, 1e-9) / c) for (m, _), c in zip(pairs, compute)) / len(pairs))
+        err = sum((math.log(k * c + fixed) - math.log(m)) ** 2 for (m, _), c in zip(pairs, compute))
+        best = min(best, (err, k, fixed))
+    _, k, fixed = best
+    return dataclasses.replace(profile, logprob_mfu=profile.logprob_mfu / k, logprob_pass_s=fixed)
+
+
+def fit_from_run(cfg: Config, metrics_path: Path, out: Path, log: Callable[[str], None] = print) -> Profile:
+    """`asyncrl sim CONFIG --fit metrics.jsonl`: start from cfg.sim.profile, fit, write `out`."""
+    start = load_profile(cfg.sim.profile)
+    measured = measured_phases(metrics_path)
+    if not measured:
+        raise ValueError(f"{metrics_path}: no timing_s/gen, old_log_prob or update_actor to fit")
+    steps = min(len(read_steps(metrics_path)), 5)
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, total_training_steps=steps))
+    fitted = dataclasses.replace(fit_profile([(cfg, measured)], start, log=log), name=out.stem,
+                                 description=f"{start.description} Refitted to {metrics_path}.")
+    save_profile(fitted, out)
+    return fitted

@@ -1,0 +1,118 @@
+"""The benchmark suite in one command: every script under bench/, then docs/benchmarks.md.
+
+    ./run.sh bench                 # = python bench/run_all.py in the bench environment (TRL, matplotlib)
+    ./run.sh bench --only sim      # some parts; --report-only rewrites the docs from bench/results
+
+Parts (each writes bench/results/<part>.json; `bench/report.py` turns them into
+docs/benchmarks.md and docs/img/*.png):
+- pipelines:  colocated, one-step-off, fully async a-d on the long-tail workload (bench/pipelines.py)
+- sim:        the simulator fitted to the measured colocated run, predicting every pipeline run
+              (bench/sim_vs_measured.py)
+- peer:       TRL GRPOTrainer vs asyncrl colocated on the default task (bench/trl_peer.py + ours)
+- engine:     TorchEngine vs HF generate (bench/engine.py)
+- sync:       weight sync vs the memory-copy bound (bench/weight_sync.py)
+- calibrate:  the h20-qwen2.5-7b profile vs SPEC §6 (bench/calibrate.py)
+- plan:       a 400-step 128-GPU schedule (speed of the simulator) and every mode compared on it
+Run it on an otherwise idle machine: each part measures wall-clock on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench/results"
+PY = sys.executable
+SPEC128 = ["pipeline=colocated", "data.train_batch_size=512", "data.max_response_length=28672",
+           "data.max_prompt_length=2048", "rollout.n=16", "rollout.tensor_model_parallel_size=4",
+           "rollout.max_num_seqs=1024", "actor.ppo_mini_batch_size=32", "actor.ppo_micro_batch_tokens=30720",
+           "trainer.nnodes=16", "trainer.n_gpus_per_node=8", "trainer.test_freq=0",
+           "trainer.val_before_train=false", "trainer.logger=[jsonl]", "sim.length_median=516",
+           "sim.prompt_length=200"]
+PLAN = ["rollout.nnodes=8", "rollout.n_gpus_per_node=8", "trainer.nnodes=8", "async_training.require_batches=4"]
+OURS_VS_TRL = ["trainer.total_training_steps=8", "trainer.test_freq=0", "trainer.val_before_train=false",
+               "trainer.logger=[jsonl]", "num_threads=2"]
+
+
+def sh(*args: str) -> None:
+    print("+", " ".join(args), flush=True)
+    subprocess.run(args, cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+
+
+def part_pipelines() -> None:
+    sh(PY, "bench/pipelines.py", "--runs-dir", "bench/runs")
+
+
+def part_sim() -> None:
+    sh(PY, "bench/sim_vs_measured.py", "--write")
+
+
+def part_peer() -> None:
+    sh(PY, "bench/trl_peer.py", "--out", str(RESULTS / "trl_peer.json"))
+    with tempfile.TemporaryDirectory() as tmp:
+        sh(PY, "-m", "asyncrl.cli", "train", f"trainer.output_dir={tmp}", *OURS_VS_TRL)
+        steps = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        steps = [s for s in steps if "timing_s/step" in s][1:]  # the first step warms up, as for TRL
+    s_per_step = sum(s["timing_s/step"] for s in steps) / len(steps)
+    completions = sum(s["training/responses"] for s in steps) / len(steps)
+    phases = {k.split("/")[1]: sum(s.get(k, 0.0) for s in steps) / len(steps)
+              for k in ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/update_actor")}
+    (RESULTS / "ours_vs_trl.json").write_text(json.dumps({
+        "command": "asyncrl train " + " ".join(OURS_VS_TRL), "s_per_step": s_per_step,
+        "completions_per_s": completions / s_per_step, "phases": phases, "steps": len(steps)}, indent=1))
+
+
+def part_engine() -> None:
+    sh(PY, "bench/engine.py", "--models", "tiny")
+
+
+def part_sync() -> None:
+    sh(PY, "bench/weight_sync.py", "--models", "tiny")
+
+
+def part_calibrate() -> None:
+    sh(PY, "bench/calibrate.py", "--write")
+
+
+def part_plan() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        sh(PY, "-m", "asyncrl.cli", "sim", *SPEC128, "trainer.total_training_steps=400", f"trainer.output_dir={tmp}/one")
+        seconds = time.perf_counter() - start
+        sh(PY, "-m", "asyncrl.cli", "sim", *SPEC128, *PLAN, "trainer.total_training_steps=50",
+           f"trainer.output_dir={tmp}/cmp", "--compare", "modes")
+        compare = json.loads((Path(tmp) / "cmp/compare.json").read_text())
+    (RESULTS / "plan.json").write_text(json.dumps({
+        "speed": {"command": "asyncrl sim " + " ".join(SPEC128) + " trainer.total_training_steps=400",
+                  "seconds": seconds},
+        "compare": {"command": "asyncrl sim " + " ".join(SPEC128 + PLAN) +
+                    " trainer.total_training_steps=50 --compare modes", "rows": compare}}, indent=1))
+
+
+PARTS = {"pipelines": part_pipelines, "sim": part_sim, "peer": part_peer, "engine": part_engine,
+         "sync": part_sync, "calibrate": part_calibrate, "plan": part_plan}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="", help=f"comma list of parts: {','.join(PARTS)}")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args()
+    if not args.report_only:
+        for name, part in PARTS.items():
+            if not args.only or name in args.only.split(","):
+                start = time.perf_counter()
+                part()
+                print(f"== {name}: {time.perf_counter() - start:.0f} s", flush=True)
+    sh(PY, "bench/report.py")
+
+
+if __name__ == "__main__":
+    main()

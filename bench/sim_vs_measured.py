@@ -1,0 +1,59 @@
+"""The simulator's predictions for the CPU pipeline runs of bench/pipelines.py, next to the
+measurements.
+
+1. Fit the `cpu-tiny` profile to the measured colocated run (`asyncrl sim --fit`: rollout,
+   log-prob and update efficiencies from its per-phase times; nothing from the other runs).
+2. Simulate every run of bench/results/pipelines.json (same overrides, same long-tail lengths
+   via rollout.length_from_prompt) with that profile.
+3. Report measured vs predicted wall-clock, samples/s and idle ratios, and the error.
+
+    PYTHONPATH=. python bench/sim_vs_measured.py --runs-dir bench/runs   # after bench/pipelines.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from asyncrl.config import load_config
+from asyncrl.sim.fit import fit_from_run
+from asyncrl.sim.profile import PROFILE_DIR
+from asyncrl.sim.run import simulate
+from asyncrl.sim.summary import read_steps, summarise
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pipelines", default=str(ROOT / "bench/results/pipelines.json"))
+    ap.add_argument("--out", default=str(ROOT / "bench/results/sim_vs_measured.json"))
+    ap.add_argument("--write", action="store_true", help="make the fitted profile the built-in cpu-tiny")
+    args = ap.parse_args()
+    runs = json.loads(Path(args.pipelines).read_text())["results"]
+    base = next(r for r in runs if r["config"] == "colocated")
+    prompt_len = round(read_steps(Path(base["run_dir"]) / "metrics.jsonl")[0]["prompt_length/mean"])
+    sim_keys = ["sim.profile=cpu-tiny", f"sim.prompt_length={prompt_len}"]
+    fitted = ROOT / "bench/results/cpu-tiny-fitted.yaml"
+    fit_from_run(load_config(None, [*base["overrides"], *sim_keys]), Path(base["run_dir"]) / "metrics.jsonl", fitted)
+    if args.write:
+        text = fitted.read_text().replace("name: cpu-tiny-fitted", "name: cpu-tiny")
+        (PROFILE_DIR / "cpu-tiny.yaml").write_text(text)
+    rows = []
+    for r in runs:
+        cfg = load_config(None, [*r["overrides"], *sim_keys, f"sim.profile={fitted}", "trainer.logger=[jsonl]",
+                                 f"trainer.output_dir={Path(r['run_dir']) / 'sim'}"])
+        simulated = simulate(cfg, log=lambda _: None)  # like the measured side: the sum of step times
+        predicted = dataclasses.replace(summarise(cfg, Path(cfg.trainer.output_dir)), sim_wall_s=simulated.sim_wall_s)
+        measured = summarise(cfg, Path(r["run_dir"]))
+        rows.append({"config": r["config"], "measured": measured.as_dict(), "predicted": predicted.as_dict(),
+                     "wall_error": predicted.total_s / measured.total_s - 1})
+        print(f"{r['config']}: measured {measured.total_s:.1f} s, predicted {predicted.total_s:.1f} s "
+              f"({rows[-1]['wall_error']:+.0%})", flush=True)
+    Path(args.out).write_text(json.dumps({"profile": str(fitted.relative_to(ROOT)), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
