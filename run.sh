@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# One entry point that sets itself up: `./run.sh train [key=value ...]` or `./run.sh test`.
-# The first call makes .venv and installs asyncrl (torch pinned to 2.13.0, the CPU wheel this
-# machine keeps on disk); later calls reuse it. ASYNCRL_PYTHON picks the interpreter.
+# One entry point that sets itself up: `./run.sh train [key=value ...]`, `./run.sh test`,
+# `./run.sh sim [...]` or `./run.sh bench [...]`. The first call makes .venv and installs asyncrl
+# (torch pinned to 2.13.0, the CPU wheel this machine keeps on disk); later calls reuse it.
+# `bench` uses its own .venv-bench, which adds the peer (TRL) and matplotlib for the plots.
+# ASYNCRL_PYTHON picks the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${ASYNCRL_PYTHON:-python3}"
-stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-12)"
+cmd="${1:-train}"; shift || true
+venv=.venv; extras=test
+if [ "$cmd" = bench ]; then venv=.venv-bench; extras=test,bench; fi
+stamp="$venv/.installed-$(sha256sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  echo "run.sh: installing into .venv (one time) ..." >&2
-  "$PY" -m venv .venv
-  .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q "torch==2.13.0"
-  .venv/bin/pip install -q -e ".[test]"
+  echo "run.sh: installing into $venv (one time) ..." >&2
+  "$PY" -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip >/dev/null
+  "$venv/bin/pip" install -q "torch==2.13.0"
+  "$venv/bin/pip" install -q -e ".[$extras]"
   touch "$stamp"
 fi
-cmd="${1:-train}"; shift || true
 case "$cmd" in
-  test) exec .venv/bin/python -m pytest "$@" ;;
-  *)    exec .venv/bin/asyncrl "$cmd" "$@" ;;
+  test)  exec "$venv/bin/python" -m pytest "$@" ;;
+  bench) exec "$venv/bin/python" bench/run_all.py "$@" ;;
+  *)     exec "$venv/bin/asyncrl" "$cmd" "$@" ;;
 esac

@@ -30,13 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench/results"
 PY = sys.executable
-SPEC128 = ["pipeline=colocated", "data.train_batch_size=512", "data.max_response_length=28672",
-           "data.max_prompt_length=2048", "rollout.n=16", "rollout.tensor_model_parallel_size=4",
-           "rollout.max_num_seqs=1024", "actor.ppo_mini_batch_size=32", "actor.ppo_micro_batch_tokens=30720",
-           "trainer.nnodes=16", "trainer.n_gpus_per_node=8", "trainer.test_freq=0",
-           "trainer.val_before_train=false", "trainer.logger=[jsonl]", "sim.length_median=516",
-           "sim.prompt_length=200"]
-PLAN = ["rollout.nnodes=8", "rollout.n_gpus_per_node=8", "trainer.nnodes=8", "async_training.require_batches=4"]
+PLAN_YAML = "examples/dapo_qwen7b_h20.yaml"  # SPEC §6's DAPO workload, 128 GPUs colocated
+SPLIT = ["rollout.nnodes=8", "rollout.n_gpus_per_node=8", "trainer.nnodes=8"]  # 64 rollout + 64 trainer
 OURS_VS_TRL = ["trainer.total_training_steps=8", "trainer.test_freq=0", "trainer.val_before_train=false",
                "trainer.logger=[jsonl]", "num_threads=2"]
 
@@ -82,18 +77,18 @@ def part_calibrate() -> None:
 
 
 def part_plan() -> None:
+    quiet = "trainer.logger=[jsonl]"
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        sh(PY, "-m", "asyncrl.cli", "sim", *SPEC128, "trainer.total_training_steps=400", f"trainer.output_dir={tmp}/one")
+        sh(PY, "-m", "asyncrl.cli", "sim", PLAN_YAML, quiet, f"trainer.output_dir={tmp}/one")
         seconds = time.perf_counter() - start
-        sh(PY, "-m", "asyncrl.cli", "sim", *SPEC128, *PLAN, "trainer.total_training_steps=50",
+        sh(PY, "-m", "asyncrl.cli", "sim", PLAN_YAML, *SPLIT, "trainer.total_training_steps=50", quiet,
            f"trainer.output_dir={tmp}/cmp", "--compare", "modes")
         compare = json.loads((Path(tmp) / "cmp/compare.json").read_text())
     (RESULTS / "plan.json").write_text(json.dumps({
-        "speed": {"command": "asyncrl sim " + " ".join(SPEC128) + " trainer.total_training_steps=400",
-                  "seconds": seconds},
-        "compare": {"command": "asyncrl sim " + " ".join(SPEC128 + PLAN) +
-                    " trainer.total_training_steps=50 --compare modes", "rows": compare}}, indent=1))
+        "speed": {"command": f"asyncrl sim {PLAN_YAML} {quiet}", "seconds": seconds},
+        "compare": {"command": f"asyncrl sim {PLAN_YAML} {' '.join(SPLIT)} trainer.total_training_steps=50 "
+                               f"{quiet} --compare modes", "rows": compare}}, indent=1))
 
 
 PARTS = {"pipelines": part_pipelines, "sim": part_sim, "peer": part_peer, "engine": part_engine,

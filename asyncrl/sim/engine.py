@@ -98,45 +98,42 @@ class EngineModel:
             self.remaining[r.group] = self.remaining.get(r.group, 0) + 1
 
     def advance(self, until: float, stop_after_group: bool = False) -> list[tuple[int, tuple[Finished, ...]]]:
-        """Run to time `until` (or to the first finished group): the groups that finished."""
+        """Run to time `until` (or to the first finished group): the groups that finished.
+
+        Between events a step at position S costs alpha + beta * S (the batch is fixed and each
+        step adds one token per sequence), so going from S to S1 takes
+        (S1 - S) * (alpha + beta * (S1 + S) / 2)."""
         finished: list[tuple[int, tuple[Finished, ...]]] = []
         if self.paused:
             return finished
+        a, b, c, running = self.a, self.b, self.c, self.running
         while True:
             if self.waiting:
                 self._admit()
-            if not self.running:
+            n = len(running)
+            if not n:
                 self.t = max(self.t, until)
                 return finished
-            n = len(self.running)
-            kv_full = (self.capacity - self.prompt_sum + self.base_sum) / n if n > 1 else math.inf
-            target = max(min(self.running[0][0], kv_full), self.S)
-            dt = self._seconds(target)
-            if self.t + dt > until:
-                self.S += self._steps_within(until - self.t)
+            S, t, head = self.S, self.t, running[0][0]
+            unshared = self.prompt_sum - self.base_sum  # context tokens = unshared + n * S
+            kv_full = (self.capacity - unshared) / n if n > 1 else math.inf
+            target = max(head if head <= kv_full else kv_full, S)
+            alpha, beta = a + b * n + c * unshared, c * n
+            dt = (target - S) * (alpha + beta * (target + S) / 2)
+            if t + dt > until:
+                seconds, q = until - t, alpha + beta * S
+                self.S = S + 2 * seconds / (q + math.sqrt(q * q + 2 * beta * seconds))
                 self.t = until
                 return finished
-            self.t, self.S = self.t + dt, target
-            if self.running[0][0] <= target + 1e-9:
-                finished += self._complete()
-                if finished and stop_after_group:
-                    return finished
+            self.t, self.S = t + dt, target
+            if head <= target + 1e-9:
+                groups = self._complete()
+                if groups:
+                    finished += groups
+                    if stop_after_group:
+                        return finished
             else:
                 self._preempt()
-
-    def _alpha_beta(self) -> tuple[float, float]:
-        n = len(self.running)
-        return self.a + self.b * n + self.c * (self.prompt_sum - self.base_sum), self.c * n
-
-    def _seconds(self, target: float) -> float:
-        """Time to decode from position S to `target` with the current batch."""
-        alpha, beta = self._alpha_beta()
-        return alpha * (target - self.S) + beta * (target * target - self.S * self.S) / 2
-
-    def _steps_within(self, seconds: float) -> float:
-        alpha, beta = self._alpha_beta()
-        q = alpha + beta * self.S
-        return 2 * seconds / (q + math.sqrt(q * q + 2 * beta * seconds))
 
     def _admit(self) -> None:
         if self._blocked and self.running:
@@ -168,21 +165,28 @@ class EngineModel:
         return request, extend_runs(runs, self.version, total - done), max(total, done)
 
     def _complete(self) -> list[tuple[int, tuple[Finished, ...]]]:
+        """Every request whose last token is at the current position leaves the batch."""
         groups = []
         self._blocked = False
         running, done_by_group, remaining = self.running, self.done, self.remaining
-        while running and running[0][0] <= self.S + 1e-9:
+        limit, version, now = self.S + 1e-9, self.version, self.t
+        prompt_sum, base_sum, generated = self.prompt_sum, self.base_sum, self.generated
+        while running and running[0][0] <= limit:
             _, _, request, base, runs, done = heapq.heappop(running)
-            self.prompt_sum -= request.prompt_len
-            self.base_sum -= base
-            self.generated += request.target - done
+            prompt_sum -= request.prompt_len
+            base_sum -= base
+            made = request.target - done
+            generated += made
+            entry = (request, extend_runs(runs, version, made) if runs else ((version, made),), now)
             g = request.group
-            finished = (request, extend_runs(runs, self.version, request.target - done), self.t)
-            done_by_group[g] = (*done_by_group.get(g, ()), finished)
-            remaining[g] -= 1
-            if remaining[g] == 0:
+            done_by_group[g] = (*done_by_group[g], entry) if g in done_by_group else (entry,)
+            left = remaining[g] - 1
+            if left:
+                remaining[g] = left
+            else:
                 del remaining[g]
                 groups.append((g, done_by_group.pop(g)))
+        self.prompt_sum, self.base_sum, self.generated = prompt_sum, base_sum, generated
         return groups
 
     def _preempt(self) -> None:

@@ -81,7 +81,7 @@ class SimRolloutServer:
         end = asyncio.get_running_loop().time()
         for t, reward in zip(trajectories, self.workload.rewards(len(trajectories))):
             t.reward = reward
-            t.timings |= {"reward_start": start, "reward_end": end}
+            t.timings["reward_start"], t.timings["reward_end"] = start, end
         return groups
 
     async def pause(self, interrupt: bool = False) -> None:

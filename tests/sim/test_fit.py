@@ -1,0 +1,22 @@
+import dataclasses
+
+import pytest
+
+from asyncrl.config import load_config
+from asyncrl.sim.fit import fit_profile, simulated_phases
+from asyncrl.sim.profile import load_profile
+
+CFG = ["data.train_batch_size=32", "actor.ppo_mini_batch_size=8", "rollout.n=4", "data.max_response_length=2048",
+       "rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=8", "trainer.total_training_steps=2",
+       "sim.length_median=300"]
+
+
+def test_fit_recovers_the_phase_times_of_a_known_cluster():
+    truth = load_profile("h20-qwen2.5-7b")
+    truth = dataclasses.replace(truth, train_mfu=truth.train_mfu / 2, decode_mfu=truth.decode_mfu * 1.5)
+    cfg = load_config(None, CFG)
+    measured = simulated_phases(cfg, truth)
+    fitted = fit_profile([(cfg, measured)], load_profile("h20-qwen2.5-7b"), rounds=4, log=lambda _: None)
+    got = simulated_phases(cfg, fitted)
+    for phase in ("gen", "old_log_prob", "update_actor"):
+        assert got[phase] == pytest.approx(measured[phase], rel=0.05, abs=0), phase
