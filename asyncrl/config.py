@@ -296,3 +296,14 @@ def _async_rules(cfg: Config) -> None:
     if cfg.pipeline != "colocated" and cfg.algorithm.adv_estimator in ("gae", "remax"):
         raise ConfigError(f"pipeline={cfg.pipeline} supports critic-free estimators without "
                           "extra generation: use algorithm.adv_estimator=grpo, rloo, opo, ...")
+
+
+def old_log_prob_source(cfg: Config) -> str:
+    """Colocated recomputes (on-policy). Decoupled: the engine's behaviour log-probs by default
+    (`async_training.use_rollout_log_probs`), else a recomputed proximal policy, with truncated
+    importance weights when `actor.off_policy_correction` is set (decoupled PPO)."""
+    if cfg.pipeline == "colocated":
+        return "recompute"
+    if cfg.async_training.use_rollout_log_probs:
+        return "rollout"
+    return "recompute" if cfg.actor.off_policy_correction == "none" else "proximal"

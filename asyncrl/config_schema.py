@@ -249,7 +249,7 @@ class SimConfig:
     """Prompt tokens per row."""
     accuracy: float = 0.5
     """Probability a response scores 1 (drives dynamic sampling; the simulator models no learning)."""
-    trace_max_events: int = 200000
+    trace_max_events: int = 100000
     """Spans kept in the simulated trace.json (later ones are counted, not kept)."""
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, overload
 
 FinishReason = Literal["stop", "length", "aborted"]
+Mode = Literal["train", "val", "greedy"]
+"""What a generation is for: training samples, validation samples, or a greedy baseline."""
 V = TypeVar("V")
 
 

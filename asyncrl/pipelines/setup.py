@@ -11,25 +11,23 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from asyncrl.config import config_to_dict, dump_config
 from asyncrl.config_schema import Config
 from asyncrl.data import PromptIterator
 from asyncrl.errors import ConfigError
-from asyncrl.models import load_model
 from asyncrl.sync import ParameterSynchronizer, default_transport
 from asyncrl.telemetry.loggers import Tracker, make_tracker
 from asyncrl.telemetry.trace import Trace
 from asyncrl.training.optim import seed_everything
-from asyncrl.types import Group, PromptRow
-from asyncrl.workers.factory import build_trainer_side, load_data
+from asyncrl.types import Group, Mode, PromptRow
 from asyncrl.workers.group import LocalHandle, WorkerHandle
-from asyncrl.workers.rollout import Mode
-from asyncrl.workers.rollout_server import build_rollout_server
+
+if TYPE_CHECKING:  # the simulator builds contexts without transformers
+    from transformers import PreTrainedTokenizerBase
 
 
 class RolloutRouter:
@@ -41,7 +39,7 @@ class RolloutRouter:
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
                               score: bool = True) -> Group:
-        i = min(range(len(self.handles)), key=self._in_flight.__getitem__)
+        i = self._in_flight.index(min(self._in_flight))
         self._in_flight[i] += 1
         try:
             return await self.handles[i].call("generate_scored", row, n, uid, mode, score)
@@ -81,6 +79,10 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = print) -> RunCont
     if cfg.rollout.tensor_model_parallel_size != 1:
         raise ConfigError("rollout.tensor_model_parallel_size > 1 is modelled by `asyncrl sim` only; "
                           "the torch engine runs each engine on one device: set it to 1")
+    from asyncrl.models import load_model
+    from asyncrl.workers.factory import build_trainer_side, load_data
+    from asyncrl.workers.rollout_server import build_rollout_server
+
     seed_everything(cfg.seed)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,6 @@ a request is submitted).
 from __future__ import annotations
 
 import asyncio
-import copy
 import heapq
 import math
 from collections import deque
@@ -28,18 +27,17 @@ Runs = tuple[tuple[int, int], ...]
 """(version, tokens) runs: which policy version produced how many tokens of a response."""
 
 
-class SimRequest:
-    """One response to generate: `target` tokens (drawn when submitted) after `prompt_len`."""
+class GroupSpec:
+    """What the n responses of one group share; each response adds only its length."""
 
-    __slots__ = ("group", "prompt_len", "target", "max_tokens", "submitted")
+    __slots__ = ("group", "prompt_len", "max_tokens", "submitted")
 
-    def __init__(self, group: int, prompt_len: int, target: int, max_tokens: int, submitted: float) -> None:
-        self.group, self.prompt_len, self.target = group, prompt_len, target
-        self.max_tokens, self.submitted = max_tokens, submitted
+    def __init__(self, group: int, prompt_len: int, max_tokens: int, submitted: float) -> None:
+        self.group, self.prompt_len, self.max_tokens, self.submitted = group, prompt_len, max_tokens, submitted
 
 
-Finished = tuple[SimRequest, Runs, float]
-"""(request, its version runs, the time it finished)."""
+Finished = tuple[int, Runs, float]
+"""One response: (its length in tokens, its version runs, the time it finished)."""
 
 
 def extend_runs(runs: Runs, version: int, tokens: int) -> Runs:
@@ -50,10 +48,10 @@ def extend_runs(runs: Runs, version: int, tokens: int) -> Runs:
     return (*runs, (version, tokens))
 
 
-# One running request: (finish position, admission order, request, base position, runs before
-# this segment, tokens before this segment). Its generated tokens at position S are S - base.
-Running = tuple[float, int, SimRequest, float, Runs, int]
-Waiting = tuple[SimRequest, Runs, int]
+# One running response: (finish position, admission order, its group, its length, base position,
+# runs before this segment, tokens before this segment). Tokens generated at position S: S - base.
+Running = tuple[float, int, GroupSpec, int, float, Runs, int]
+Waiting = tuple[GroupSpec, int, Runs, int]
 
 
 class EngineModel:
@@ -80,7 +78,8 @@ class EngineModel:
         self._blocked = False  # after a preemption, admit nothing until a request finishes
 
     def copy(self) -> EngineModel:
-        new = copy.copy(self)
+        new = object.__new__(EngineModel)
+        new.__dict__.update(self.__dict__)
         new.running, new.waiting = list(self.running), deque(self.waiting)
         new.remaining, new.done = dict(self.remaining), dict(self.done)
         return new
@@ -92,10 +91,10 @@ class EngineModel:
     def context_tokens(self) -> float:
         return self.prompt_sum - self.base_sum + len(self.running) * self.S
 
-    def submit(self, requests: list[SimRequest]) -> None:
-        for r in requests:
-            self.waiting.append((r, (), 0))
-            self.remaining[r.group] = self.remaining.get(r.group, 0) + 1
+    def submit(self, spec: GroupSpec, lengths: list[int]) -> None:
+        """A group of responses with these lengths (tokens) joins the queue."""
+        self.waiting.extend([(spec, n, (), 0) for n in lengths])
+        self.remaining[spec.group] = self.remaining.get(spec.group, 0) + len(lengths)
 
     def advance(self, until: float, stop_after_group: bool = False) -> list[tuple[int, tuple[Finished, ...]]]:
         """Run to time `until` (or to the first finished group): the groups that finished.
@@ -141,28 +140,28 @@ class EngineModel:
         running, waiting, S = self.running, self.waiting, self.S
         context, tokens = self.context_tokens(), 0
         while waiting and len(running) < self.max_seqs:
-            request, runs, done = waiting[0]
-            need = request.prompt_len + done
+            spec, target, runs, done = waiting[0]
+            need = spec.prompt_len + done
             if running and context + need > self.admit_limit:
                 break
             waiting.popleft()
             base = S - done
             self._order += 1
-            heapq.heappush(running, (base + request.target, self._order, request, base, runs, done))
-            self.prompt_sum += request.prompt_len
+            heapq.heappush(running, (base + target, self._order, spec, target, base, runs, done))
+            self.prompt_sum += spec.prompt_len
             self.base_sum += base
             context += need
             tokens += need
         self.t += tokens * self.prefill
 
     def _remove(self, entry: Running) -> Waiting:
-        """Take `entry` out of the batch: (request, runs, tokens) including this segment's."""
-        _, _, request, base, runs, done = entry
-        self.prompt_sum -= request.prompt_len
+        """Take `entry` out of the batch: its waiting entry, including this segment's tokens."""
+        _, _, spec, target, base, runs, done = entry
+        self.prompt_sum -= spec.prompt_len
         self.base_sum -= base
-        total = min(int(self.S - base + 1e-6), request.target)
+        total = min(int(self.S - base + 1e-6), target)
         self.generated += max(total - done, 0)
-        return request, extend_runs(runs, self.version, total - done), max(total, done)
+        return spec, target, extend_runs(runs, self.version, total - done), max(total, done)
 
     def _complete(self) -> list[tuple[int, tuple[Finished, ...]]]:
         """Every request whose last token is at the current position leaves the batch."""
@@ -172,13 +171,13 @@ class EngineModel:
         limit, version, now = self.S + 1e-9, self.version, self.t
         prompt_sum, base_sum, generated = self.prompt_sum, self.base_sum, self.generated
         while running and running[0][0] <= limit:
-            _, _, request, base, runs, done = heapq.heappop(running)
-            prompt_sum -= request.prompt_len
+            _, _, spec, target, base, runs, done = heapq.heappop(running)
+            prompt_sum -= spec.prompt_len
             base_sum -= base
-            made = request.target - done
+            made = target - done
             generated += made
-            entry = (request, extend_runs(runs, version, made) if runs else ((version, made),), now)
-            g = request.group
+            entry = (target, extend_runs(runs, version, made) if runs else ((version, made),), now)
+            g = spec.group
             done_by_group[g] = (*done_by_group[g], entry) if g in done_by_group else (entry,)
             left = remaining[g] - 1
             if left:
@@ -212,10 +211,10 @@ class EngineModel:
         """New weights: tokens from here on carry `version`; running segments are closed."""
         entries, self.running = self.running, []
         for entry in entries:
-            _, runs, done = self._remove(entry)
+            _, _, runs, done = self._remove(entry)
             self.prompt_sum += entry[2].prompt_len
-            self.base_sum += entry[3]
-            heapq.heappush(self.running, (*entry[:4], runs, done))
+            self.base_sum += entry[4]
+            heapq.heappush(self.running, (*entry[:5], runs, done))
         self.version = version
 
 
@@ -229,12 +228,12 @@ class SimEngine:
         self._ahead: tuple[EngineModel, list[tuple[int, tuple[Finished, ...]]]] | None = None
         self._replan_pending = False
 
-    async def generate(self, requests: list[SimRequest]) -> tuple[Finished, ...]:
-        """Submit one group's requests; returns when the last of them finishes."""
+    async def generate(self, spec: GroupSpec, lengths: list[int]) -> tuple[Finished, ...]:
+        """Submit one group's responses; returns when the last of them finishes."""
         self.catch_up()
         future = asyncio.get_running_loop().create_future()
-        self._futures[requests[0].group] = future
-        self.model.submit(requests)
+        self._futures[spec.group] = future
+        self.model.submit(spec, lengths)
         self._request_replan()
         return await future
 

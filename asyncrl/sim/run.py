@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from asyncrl.config import dump_config
+from asyncrl.config import dump_config, old_log_prob_source
 from asyncrl.config_schema import Config
 from asyncrl.data import PromptIterator
 from asyncrl.errors import ConfigError
@@ -32,7 +32,6 @@ from asyncrl.sim.workers import SimHandle, SimRolloutServer, SimTrainer, SimTran
 from asyncrl.sim.workload import Workload, sim_rows
 from asyncrl.sync import ParameterSynchronizer
 from asyncrl.telemetry.trace import Trace
-from asyncrl.workers.factory import old_log_prob_source
 
 
 @dataclasses.dataclass(frozen=True)

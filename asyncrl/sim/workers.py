@@ -3,17 +3,15 @@ weight transport, and the handle that calls them on the virtual-clock loop.
 
 Each method does what the real one does to the run's state (versions, counts, groups,
 metrics) and `await`s the modelled time of its work instead of doing it. Token ids and
-log-probs are not modelled: a response carries `RunLength` placeholders of the right length
-and per-token versions as runs.
+log-probs are not modelled: a response carries placeholders of the right length (`bytes(n)`
+zero ids, `RunLength` log-probs) and its per-token versions as runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import json
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +19,12 @@ import numpy as np
 
 from asyncrl.config_schema import Config
 from asyncrl.sim import costs
-from asyncrl.sim.engine import EngineModel, Finished, SimEngine, SimRequest
+from asyncrl.sim.engine import EngineModel, Finished, GroupSpec, SimEngine
 from asyncrl.sim.profile import Profile
 from asyncrl.sim.workload import Workload
 from asyncrl.sync.tensors import WeightMeta
 from asyncrl.telemetry.metrics import timer
-from asyncrl.types import Group, PromptRow, RunLength, Trajectory
-from asyncrl.workers.rollout import Mode
+from asyncrl.types import Group, Mode, PromptRow, RunLength, Trajectory
 from asyncrl.workers.validation import summarise
 
 
@@ -39,7 +36,7 @@ class SimHandle:
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         result = getattr(self.obj, method)(*args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
+        return await result if isinstance(result, Coroutine) else result
 
     def close(self) -> None:
         pass
@@ -65,12 +62,10 @@ class SimRolloutServer:
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
                               score: bool = True) -> Group:
         self._groups += 1
-        now = asyncio.get_running_loop().time()
-        max_tokens = self.cfg.data.max_response_length
-        requests = [SimRequest(self._groups, len(row.prompt_ids), length, max_tokens, now)
-                    for length in self.workload.response_lengths(row, self.version, n)]
-        finished = await self.engine.generate(requests)
-        group = Group(uid=uid, row=row, trajectories=[_trajectory(f, f"{uid}/{i}", row)
+        spec = GroupSpec(self._groups, len(row.prompt_ids), self.cfg.data.max_response_length,
+                         asyncio.get_running_loop().time())
+        finished = await self.engine.generate(spec, self.workload.response_lengths(row, self.version, n))
+        group = Group(uid=uid, row=row, trajectories=[_trajectory(f, spec, f"{uid}/{i}", row)
                                                       for i, f in enumerate(finished)])
         return (await self.score([group]))[0] if score else group
 
@@ -113,24 +108,23 @@ class SimRolloutServer:
                 "fully_async/partial/continuations": self.partial_continuations}
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _placeholder(value: float, n: int) -> RunLength[Any]:
-    """n tokens the simulator does not materialise (immutable, so shared)."""
-    return RunLength(((value, n),), n)
+_LOGPROBS: dict[int, RunLength[float]] = {}
+_IDS: dict[int, RunLength[int]] = {}
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _versions(runs: tuple[tuple[int, int], ...], n: int) -> RunLength[int]:
-    return RunLength(runs, n)
+def _ids(n: int) -> RunLength[int]:
+    return _IDS.get(n) or _IDS.setdefault(n, RunLength(((0, n),), n))
+_VERSIONS: dict[tuple[tuple[int, int], ...], RunLength[int]] = {}
 
 
-def _trajectory(f: Finished, request_id: str, row: PromptRow) -> Trajectory:
-    request, runs, end = f
-    n = request.target
-    return Trajectory(request_id=request_id, prompt_ids=row.prompt_ids, response_ids=_placeholder(0, n),
-                      logprobs=_placeholder(0.0, n), versions=_versions(runs, n),
-                      finish_reason="length" if n >= request.max_tokens else "stop",
-                      timings={"gen_start": request.submitted, "gen_end": end})
+def _trajectory(f: Finished, spec: GroupSpec, request_id: str, row: PromptRow) -> Trajectory:
+    """Token ids are n zero bytes; log-probs and versions are shared immutable runs."""
+    n, runs, end = f
+    logprobs = _LOGPROBS.get(n) or _LOGPROBS.setdefault(n, RunLength(((0.0, n),), n))
+    versions = _VERSIONS.get(runs) or _VERSIONS.setdefault(runs, RunLength(runs, n))
+    return Trajectory(request_id, row.prompt_ids, _ids(n), logprobs, versions,
+                      "length" if n >= spec.max_tokens else "stop",
+                      timings={"gen_start": spec.submitted, "gen_end": end})
 
 
 class SimTrainer:

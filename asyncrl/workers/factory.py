@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from asyncrl.config import old_log_prob_source
 from asyncrl.config_schema import Config
 from asyncrl.data import load_rows, make_task, tokenize_rows
 from asyncrl.errors import ConfigError
@@ -72,17 +73,6 @@ def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
     extra = getattr(model.generation_config, "eos_token_id", None) if model.generation_config else None
     extra = extra if isinstance(extra, list) else [extra] if extra is not None else []
     return sorted({tok.eos_token_id, *extra})
-
-
-def old_log_prob_source(cfg: Config) -> str:
-    """Colocated recomputes (on-policy). Decoupled: the engine's behaviour log-probs by default
-    (`async_training.use_rollout_log_probs`), else a recomputed proximal policy, with truncated
-    importance weights when `actor.off_policy_correction` is set (decoupled PPO)."""
-    if cfg.pipeline == "colocated":
-        return "recompute"
-    if cfg.async_training.use_rollout_log_probs:
-        return "rollout"
-    return "recompute" if cfg.actor.off_policy_correction == "none" else "proximal"
 
 
 def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,

@@ -17,9 +17,8 @@ import torch
 
 from asyncrl.config_schema import RolloutConfig
 from asyncrl.rollout import TorchEngine
-from asyncrl.types import GenerationRequest, Group, PromptRow, SamplingParams, Trajectory
+from asyncrl.types import GenerationRequest, Group, Mode, PromptRow, SamplingParams, Trajectory
 
-Mode = Literal["train", "val", "greedy"]
 
 
 class RolloutWorker:

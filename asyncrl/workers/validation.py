@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from typing import TYPE_CHECKING
+
 from asyncrl.telemetry.metrics import timer
 from asyncrl.types import Group
-from asyncrl.workers.reward import RewardWorker
-from asyncrl.workers.rollout import RolloutWorker
+
+if TYPE_CHECKING:
+    from asyncrl.workers.reward import RewardWorker
+    from asyncrl.workers.rollout import RolloutWorker
 
 
 async def validate(rollout: RolloutWorker, reward: RewardWorker, rows: list, k: int,

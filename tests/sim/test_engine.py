@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from asyncrl.sim.engine import EngineModel, SimRequest
+from asyncrl.sim.engine import EngineModel, GroupSpec
 
 INF = math.inf
 
@@ -11,13 +11,13 @@ def model(a=1.0, b=0.0, c=0.0, capacity=10**9, max_seqs=256, prefill=0.0):
     return EngineModel((a, b, c), prefill, capacity, max_seqs, watermark=0.0)
 
 
-def req(group, target, prompt=10, max_tokens=100):
-    return SimRequest(group, prompt, target, max_tokens, 0.0)
+def submit(m, group, *lengths, prompt=10):
+    m.submit(GroupSpec(group, prompt, 100, 0.0), list(lengths))
 
 
 def test_a_group_finishes_with_its_longest_member():
     m = model()  # every step takes 1 s
-    m.submit([req(0, 3), req(0, 5)])
+    submit(m, 0, 3, 5)
     [(group, finished)] = m.advance(INF, stop_after_group=True)
     assert group == 0 and m.t == pytest.approx(5.0, rel=0, abs=1e-9)
     assert [f[2] for f in finished] == pytest.approx([3.0, 5.0], rel=0, abs=1e-9)
@@ -27,29 +27,31 @@ def test_a_group_finishes_with_its_longest_member():
 def test_step_time_grows_with_batch_and_context():
     # b=1: a step costs 1 + batch. Both run 3 steps at batch 2 (9 s), then 2 at batch 1 (4 s).
     m = model(b=1.0)
-    m.submit([req(0, 3), req(1, 5)])
+    submit(m, 0, 3)
+    submit(m, 1, 5)
     assert m.advance(INF, True)[0][0] == 0 and m.t == pytest.approx(9.0, rel=0, abs=1e-9)
     assert m.advance(INF, True)[0][0] == 1 and m.t == pytest.approx(13.0, rel=0, abs=1e-9)
     # c: one sequence of prompt 10 decoding 4 tokens, step = c * context (10, 11, 12, 13 → ∫ = 46)
     m = model(a=0.0, c=1.0)
-    m.submit([req(0, 4)])
+    submit(m, 0, 4)
     m.advance(INF, True)
     assert m.t == pytest.approx(4 * 10 + 4 * 4 / 2, rel=0, abs=1e-9)
 
 
 def test_full_kv_cache_preempts_the_newest_and_recomputes_it():
     m = model(capacity=25)  # two prompts of 10 fill it after 2.5 steps each
-    m.submit([req(0, 4), req(1, 4)])
+    submit(m, 0, 4)
+    submit(m, 1, 4)
     assert m.advance(INF, True)[0][0] == 0 and m.t == pytest.approx(4.0, rel=0, abs=1e-9)
     assert m.preemptions == 1
-    [(group, [(request, runs, end)])] = m.advance(INF, True)
+    [(group, [(_, runs, end)])] = m.advance(INF, True)
     assert group == 1 and end == pytest.approx(6.0, rel=0, abs=1e-9)  # kept its 2 tokens
     assert runs == ((0, 4),)
 
 
 def test_interrupt_keeps_partial_tokens_and_versions_span_the_sync():
     m = model()
-    m.submit([req(0, 10)])
+    submit(m, 0, 10)
     m.advance(4.0)
     m.paused = True
     assert m.interrupt() == 1
@@ -62,7 +64,7 @@ def test_interrupt_keeps_partial_tokens_and_versions_span_the_sync():
 
 def test_version_change_without_interrupt_splits_the_runs():
     m = model()
-    m.submit([req(0, 5)])
+    submit(m, 0, 5)
     m.advance(2.0)
     m.set_version(7)
     [(_, [(_, runs, _)])] = m.advance(INF, True)
@@ -71,7 +73,8 @@ def test_version_change_without_interrupt_splits_the_runs():
 
 def test_max_num_seqs_queues_the_rest():
     m = model(max_seqs=1)
-    m.submit([req(0, 2), req(1, 2)])
+    submit(m, 0, 2)
+    submit(m, 1, 2)
     assert m.advance(INF, True)[0][0] == 0 and len(m.waiting) == 1  # the second waited for the slot
     assert m.t == pytest.approx(2.0, rel=0, abs=1e-9)
     assert m.advance(INF, True)[0][0] == 1 and m.t == pytest.approx(4.0, rel=0, abs=1e-9)
