@@ -3,8 +3,10 @@
 Each variant is a string of overrides applied on top of the base config, e.g.
 `--compare "pipeline=colocated" "pipeline=fully_async async_training.staleness_threshold=0.5"`.
 `--compare modes` expands to colocated, one-step-off and fully async (a)-(d) on the base
-config's rollout/trainer split (colocated gets all of those devices). Results: a markdown
-table on stdout and `compare.md` / `compare.json` in trainer.output_dir.
+config's rollout/trainer split (colocated gets all of those devices). Modes (b)-(d) sync once
+per train_batch_size prompts (T = train_batch_size / (require_batches x ppo_mini_batch_size), the
+fair comparison with colocated that verl's recipes use); (c) and (d) allow staleness 0.5.
+Results: a markdown table on stdout and `compare.md` / `compare.json` in trainer.output_dir.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ from asyncrl.errors import ConfigError
 from asyncrl.sim.run import simulate
 from asyncrl.sim.summary import SimSummary, table
 
-MODES = {
-    "one_step_off": "pipeline=one_step_off",
-    "fully_async (a)": "pipeline=fully_async",
-    "fully_async (b)": "pipeline=fully_async async_training.trigger_parameter_sync_step=4",
-    "fully_async (c)": "pipeline=fully_async async_training.staleness_threshold=0.5",
-    "fully_async (d)": "pipeline=fully_async async_training.staleness_threshold=0.5 async_training.partial_rollout=true",
-}
+
+
+def modes(cfg: Config) -> dict[str, str]:
+    """Overrides of one-step-off and the four fully async modes for `cfg`'s batch sizes."""
+    sync_every = max(1, cfg.data.train_batch_size // (cfg.async_training.require_batches * cfg.actor.ppo_mini_batch_size))
+    fair = f"pipeline=fully_async async_training.trigger_parameter_sync_step={sync_every}"
+    return {"one_step_off": "pipeline=one_step_off",
+            "fully_async (a)": "pipeline=fully_async async_training.trigger_parameter_sync_step=1",
+            "fully_async (b)": fair,
+            "fully_async (c)": f"{fair} async_training.staleness_threshold=0.5",
+            "fully_async (d)": f"{fair} async_training.staleness_threshold=0.5 async_training.partial_rollout=true"}
 
 
 def expand(variants: list[str], base: Config) -> dict[str, str]:
@@ -36,7 +42,7 @@ def expand(variants: list[str], base: Config) -> dict[str, str]:
     for v in variants:
         if v == "modes":
             out["colocated"] = _colocated_on_all(base)
-            out |= MODES
+            out |= modes(base)
         else:
             out[v] = v
     return out

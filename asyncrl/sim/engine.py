@@ -113,6 +113,8 @@ class EngineModel:
             if not n:
                 self.t = max(self.t, until)
                 return finished
+            if self.t >= until:  # still prefilling what it admitted
+                return finished
             S, t, head = self.S, self.t, running[0][0]
             unshared = self.prompt_sum - self.base_sum  # context tokens = unshared + n * S
             kv_full = (self.capacity - unshared) / n if n > 1 else math.inf

@@ -121,9 +121,9 @@ def _placeholders(runs: tuple[tuple[int, int], ...]) -> tuple[RunLength[int], Ru
 def _trajectory(f: Finished, spec: GroupSpec, request_id: str, row: PromptRow) -> Trajectory:
     n, runs, end = f
     ids, logprobs, versions = _PLACEHOLDERS.get(runs) or _PLACEHOLDERS.setdefault(runs, _placeholders(runs))
-    return Trajectory(request_id, row.prompt_ids, ids, logprobs, versions,
-                      "length" if n >= spec.max_tokens else "stop",
-                      timings={"gen_start": spec.submitted, "gen_end": end})
+    return Trajectory(request_id, row.prompt_ids, ids, logprobs, versions,  # positional: the fast path
+                      "length" if n >= spec.max_tokens else "stop", 0.0, {}, "",
+                      {"gen_start": spec.submitted, "gen_end": end})
 
 
 class SimTrainer:

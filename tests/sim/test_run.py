@@ -8,13 +8,14 @@ import pytest
 from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
-from asyncrl.sim.compare import MODES
+from asyncrl.sim.compare import modes
 from asyncrl.sim.run import simulate
 
 SMALL = ["data.train_batch_size=32", "actor.ppo_mini_batch_size=8", "rollout.n=4", "data.max_response_length=4096",
          "rollout.tensor_model_parallel_size=2", "rollout.nnodes=1", "rollout.n_gpus_per_node=8",
          "trainer.nnodes=1", "trainer.n_gpus_per_node=8", "trainer.total_training_steps=4", "trainer.test_freq=2",
          "trainer.logger=[jsonl]", "sim.length_median=300", "data.val_size=8"]
+MODES = modes(load_config(None, SMALL))  # (b)-(d) sync every 4 updates here
 VARIANTS = {"colocated": "pipeline=colocated", **MODES}
 
 
