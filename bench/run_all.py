@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -76,17 +77,29 @@ def part_calibrate() -> None:
     sh(PY, "bench/calibrate.py", "--write")
 
 
+def python_loop_seconds() -> float:
+    """How fast this VM runs plain Python right now (its speed drifts ~2x): a 10M-step loop."""
+    start, x = time.perf_counter(), 0
+    for i in range(10_000_000):
+        x += i
+    return time.perf_counter() - start
+
+
 def part_plan() -> None:
     quiet = "trainer.logger=[jsonl]"
     with tempfile.TemporaryDirectory() as tmp:
+        loop_s = python_loop_seconds()
         start = time.perf_counter()
-        sh(PY, "-m", "asyncrl.cli", "sim", PLAN_YAML, quiet, f"trainer.output_dir={tmp}/one")
+        done = subprocess.run([PY, "-m", "asyncrl.cli", "sim", PLAN_YAML, quiet, f"trainer.output_dir={tmp}/one"],
+                              cwd=ROOT, check=True, capture_output=True, text=True)
         seconds = time.perf_counter() - start
+        simulated = float(re.search(r"in ([0-9.]+) s;", done.stderr).group(1))
         sh(PY, "-m", "asyncrl.cli", "sim", PLAN_YAML, *SPLIT, "trainer.total_training_steps=50", quiet,
            f"trainer.output_dir={tmp}/cmp", "--compare", "modes")
         compare = json.loads((Path(tmp) / "cmp/compare.json").read_text())
     (RESULTS / "plan.json").write_text(json.dumps({
-        "speed": {"command": f"asyncrl sim {PLAN_YAML} {quiet}", "seconds": seconds},
+        "speed": {"command": f"asyncrl sim {PLAN_YAML} {quiet}", "seconds": seconds, "simulation_s": simulated,
+                  "python_loop_10M_s": loop_s},
         "compare": {"command": f"asyncrl sim {PLAN_YAML} {' '.join(SPLIT)} trainer.total_training_steps=50 "
                                f"{quiet} --compare modes", "rows": compare}}, indent=1))
 
