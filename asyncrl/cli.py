@@ -18,6 +18,7 @@ from pathlib import Path
 from asyncrl.config import dump_config, load_config
 from asyncrl.errors import AsyncRLError
 
+
 def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
     path = args[0] if args and "=" not in args[0] and args[0].endswith((".yaml", ".yml")) else None
     return path, args[1:] if path else args

@@ -95,8 +95,9 @@ def main() -> None:
         root = Path(args.runs_dir or tmp)
         for i, name in enumerate(names):
             overrides = [*common(args), *CONFIGS[name]]
-            shutil.rmtree(root / str(i), ignore_errors=True)
-            results.append(run(name, overrides, root / str(i)) | {"overrides": overrides, "run_dir": str(root / str(i))})
+            shutil.rmtree(root / str(i), ignore_errors=True)  # a fresh run, not a resume
+            out = root / str(i)
+            results.append(run(name, overrides, out) | {"overrides": overrides, "run_dir": str(out)})
             print(json.dumps(results[-1]), flush=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     print(table(results, args))

@@ -40,7 +40,8 @@ def pipelines_section(data: Any, sim: Any) -> list[str]:
         out.append(f"| {r['config']} | {r['wall_s']:.1f} | {base / r['wall_s']:.2f}× | {r['samples_per_s']:.1f} "
                    f"| {f(t_idle)} | {f(r_idle)} | {f(r['final_val_score'])} |")
     a = data["args"]
-    cmd = f"python bench/pipelines.py --steps {a['steps']} --prompts {a['prompts']} --n {a['n']} --max-len {a['max_len']}"
+    cmd = (f"python bench/pipelines.py --steps {a['steps']} --prompts {a['prompts']} --n {a['n']} "
+           f"--max-len {a['max_len']}")
     _bar_plot("pipelines.png", [r["config"] for r in rows], [r["wall_s"] for r in rows], "wall-clock s (512 responses)")
     return [f"Command: `{cmd}`", "", *out, "", "![pipelines](img/pipelines.png)"]
 
@@ -53,12 +54,14 @@ def sim_section(sim: Any) -> list[str]:
     for r in sim["rows"]:
         m, p = r["measured"], r["predicted"]
         out.append(f"| {r['config']} | {m['total_s']:.1f} | {p['total_s']:.1f} | {r['wall_error']:+.0%} "
-                   f"| {m['trainer_idle']:.2f} / {m['rollout_idle']:.2f} | {p['trainer_idle']:.2f} / {p['rollout_idle']:.2f} |")
+                   f"| {m['trainer_idle']:.2f} / {m['rollout_idle']:.2f} "
+                   f"| {p['trainer_idle']:.2f} / {p['rollout_idle']:.2f} |")
     names = [r["config"] for r in sim["rows"]]
     _bar_plot("sim_vs_measured.png", names, [r["measured"]["total_s"] for r in sim["rows"]], "wall-clock s",
               second=[r["predicted"]["total_s"] for r in sim["rows"]], labels=("measured", "simulated"))
     return ["Command: `python bench/sim_vs_measured.py --write` (after `bench/pipelines.py --runs-dir bench/runs`).",
-            f"Profile: `{sim['profile']}` fitted to the measured colocated run only; the other five rows are predictions.",
+            f"Profile: `{sim['profile']}` fitted to the measured {' and '.join(sim['fitted_on'])} runs "
+            "(efficiencies and 1→2-core scaling); the fully async rows are predictions.",
             "", *out, "", "![sim vs measured](img/sim_vs_measured.png)"]
 
 
@@ -80,9 +83,11 @@ def engine_section(engine: Any, sync: Any) -> list[str]:
         out += ["", "Command: `python bench/engine.py --models tiny` (details: [engine.md](engine.md))", ""]
     if sync:
         out += ["| model | transport | MB | median s | GB/s |", "|---|---|---|---|---|"]
-        out += [f"| {r['model']} | {r['transport']} | {r['bytes'] / 1e6:.1f} | {r['median_s']:.4f} | {r['gb_per_s']:.2f} |"
+        out += [f"| {r['model']} | {r['transport']} | {r['bytes'] / 1e6:.1f} | {r['median_s']:.4f} "
+                f"| {r['gb_per_s']:.2f} |"
                 for r in sync["rows"]]
-        out += ["", "Command: `python bench/weight_sync.py --models tiny,smollm2` (details: [weight_sync.md](weight_sync.md))"]
+        out += ["", "Command: `python bench/weight_sync.py --models tiny,smollm2` "
+                "(details: [weight_sync.md](weight_sync.md))"]
     return out or ["_not run yet_"]
 
 
@@ -105,7 +110,8 @@ def plan_section(plan: Any) -> list[str]:
     sp = plan["speed"]
     out = [f"Speed: `{sp['command']}` (400 steps x 512 prompts x 16 responses = 3.3M responses on 128 modelled "
            f"GPUs): **{sp['simulation_s']:.0f} s** of simulation, {sp['seconds']:.0f} s for the whole command "
-           f"(imports, trace export). This VM's speed drifts: a 10M-step Python loop took {sp['python_loop_10M_s']:.1f} s "
+           f"(imports, trace export). This VM's speed drifts: a 10M-step Python loop took "
+           f"{sp['python_loop_10M_s']:.1f} s "
            "just before (1.3-2.9 s over the session), and the simulation time scales with it.", "",
            f"Command: `{plan['compare']['command']}`", "",
            "| run | total (50 steps) | samples/s | trainer idle | rollout idle | lag mean/max | partial |",

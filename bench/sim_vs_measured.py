@@ -1,10 +1,12 @@
 """The simulator's predictions for the CPU pipeline runs of bench/pipelines.py, next to the
 measurements.
 
-1. Fit the `cpu-tiny` profile to the measured colocated run (`asyncrl sim --fit`: rollout,
-   log-prob and update efficiencies from its per-phase times; nothing from the other runs).
+1. Fit the `cpu-tiny` profile to two measured runs: colocated (2 cores per phase) and
+   one-step-off (1 core per side), from their per-phase times: the rollout, log-prob and
+   update efficiencies, and how speed scales from 1 to 2 cores (`asyncrl.sim.fit`).
 2. Simulate every run of bench/results/pipelines.json (same overrides, same long-tail lengths
-   via rollout.length_from_prompt) with that profile.
+   via rollout.length_from_prompt) with that profile: the four fully async runs are pure
+   predictions.
 3. Report measured vs predicted wall-clock, samples/s and idle ratios, and the error.
 
     PYTHONPATH=. python bench/sim_vs_measured.py --runs-dir bench/runs   # after bench/pipelines.py
@@ -18,12 +20,13 @@ import json
 from pathlib import Path
 
 from asyncrl.config import load_config
-from asyncrl.sim.fit import fit_from_run
-from asyncrl.sim.profile import PROFILE_DIR
+from asyncrl.sim.fit import fit_profile, fit_scaling, measured_phases
+from asyncrl.sim.profile import PROFILE_DIR, load_profile, save_profile
 from asyncrl.sim.run import simulate
 from asyncrl.sim.summary import read_steps, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
+FITTED_ON = ("colocated", "one_step_off")
 
 
 def main() -> None:
@@ -36,11 +39,14 @@ def main() -> None:
     base = next(r for r in runs if r["config"] == "colocated")
     prompt_len = round(read_steps(Path(base["run_dir"]) / "metrics.jsonl")[0]["prompt_length/mean"])
     sim_keys = ["sim.profile=cpu-tiny", f"sim.prompt_length={prompt_len}"]
+    targets = [(load_config(None, [*r["overrides"], *sim_keys]), measured_phases(Path(r["run_dir"]) / "metrics.jsonl"))
+               for r in runs if r["config"] in FITTED_ON]
+    start = load_profile("cpu-tiny")
+    profile = fit_scaling(targets, fit_profile(targets, start))
     fitted = ROOT / "bench/results/cpu-tiny-fitted.yaml"
-    fit_from_run(load_config(None, [*base["overrides"], *sim_keys]), Path(base["run_dir"]) / "metrics.jsonl", fitted)
+    save_profile(dataclasses.replace(profile, description=start.description), fitted)
     if args.write:
-        text = fitted.read_text().replace("name: cpu-tiny-fitted", "name: cpu-tiny")
-        (PROFILE_DIR / "cpu-tiny.yaml").write_text(text)
+        save_profile(dataclasses.replace(profile, description=start.description), PROFILE_DIR / "cpu-tiny.yaml")
     rows = []
     for r in runs:
         cfg = load_config(None, [*r["overrides"], *sim_keys, f"sim.profile={fitted}", "trainer.logger=[jsonl]",
@@ -52,7 +58,8 @@ def main() -> None:
                      "wall_error": predicted.total_s / measured.total_s - 1})
         print(f"{r['config']}: measured {measured.total_s:.1f} s, predicted {predicted.total_s:.1f} s "
               f"({rows[-1]['wall_error']:+.0%})", flush=True)
-    Path(args.out).write_text(json.dumps({"profile": str(fitted.relative_to(ROOT)), "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"profile": str(fitted.relative_to(ROOT)), "fitted_on": FITTED_ON,
+                                          "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from asyncrl.config_schema import ModelConfig
 from asyncrl.errors import ConfigError
-from asyncrl.models.tiny import TinySpec, default_cache_dir, load_tiny
+from asyncrl.models.tiny import default_cache_dir, load_tiny
 
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

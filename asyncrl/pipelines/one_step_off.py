@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from asyncrl.telemetry import clock
 from asyncrl.pipelines.common import after_step, finish, interrupted, staleness_metrics, start, validate_before_training
 from asyncrl.pipelines.setup import RunContext
+from asyncrl.telemetry import clock
 from asyncrl.telemetry.metrics import timer
 from asyncrl.types import Group, PromptRow
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from asyncrl.telemetry import clock
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.queue.message_queue import MessageQueue
 from asyncrl.scheduling.staleness import StalenessBudget
+from asyncrl.telemetry import clock
 from asyncrl.types import PromptRow
 
 

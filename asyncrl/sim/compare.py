@@ -24,10 +24,10 @@ from asyncrl.sim.run import simulate
 from asyncrl.sim.summary import SimSummary, table
 
 
-
 def modes(cfg: Config) -> dict[str, str]:
     """Overrides of one-step-off and the four fully async modes for `cfg`'s batch sizes."""
-    sync_every = max(1, cfg.data.train_batch_size // (cfg.async_training.require_batches * cfg.actor.ppo_mini_batch_size))
+    per_update = cfg.async_training.require_batches * cfg.actor.ppo_mini_batch_size
+    sync_every = max(1, cfg.data.train_batch_size // per_update)
     fair = f"pipeline=fully_async async_training.trigger_parameter_sync_step={sync_every}"
     return {"one_step_off": "pipeline=one_step_off",
             "fully_async (a)": "pipeline=fully_async async_training.trigger_parameter_sync_step=1",

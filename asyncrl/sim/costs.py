@@ -14,7 +14,8 @@ Training (`devices` GPUs, data-parallel ranks of `sequence_parallel` devices eac
 of length l costs 2*params*l + 2*layers*hidden*l^2 forward FLOPs (the second term: causal
 attention). Sequences are balanced over ranks longest-first (snake order, as verl's
 seqlen balancing does); a pass takes as long as its busiest rank, plus `micro_batch_s` for
-every micro-batch of `micro_tokens` tokens that rank runs. A log-prob pass adds
+every micro-batch of `micro_tokens` tokens that rank runs (ranks run at `dp_efficiency` per
+doubling of their number: 1 on GPUs, less for CPU threads). A log-prob pass adds
 `logprob_pass_s`; the update costs 3x the forward FLOPs per PPO epoch plus `optimizer_step_s`
 per mini-batch.
 
@@ -85,7 +86,7 @@ def pass_seconds(p: Profile, lengths: np.ndarray, devices: int, micro_tokens: in
     sp = max(1, min(p.sequence_parallel, devices))
     ranks = max(1, devices // sp)
     work, tokens = balance(flops_factor * forward_flops(p, lengths), lengths.astype(np.float64), ranks)
-    compute = work / (sp * p.device_tflops * 1e12 * mfu)
+    compute = work / (sp * p.device_tflops * 1e12 * mfu * p.dp_efficiency ** math.log2(ranks))
     micro = np.ceil(tokens / (max(micro_tokens, 1) * sp)) * p.micro_batch_s
     return float(np.max(compute + micro))
 

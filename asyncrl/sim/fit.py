@@ -98,6 +98,23 @@ def _fit_affine_logprob(profile: Profile, pairs: list[tuple[float, float]]) -> P
     return dataclasses.replace(profile, logprob_mfu=profile.logprob_mfu / k, logprob_pass_s=fixed)
 
 
+def fit_scaling(targets: Sequence[tuple[Config, dict[str, float]]], profile: Profile,
+                log: Callable[[str], None] = print) -> Profile:
+    """With runs that give a side different device counts (2 cores vs 1), fit how speed scales
+    with devices: `tp_efficiency` from generation, `dp_efficiency` from the update (grid search
+    in log error, each followed by a refit of the phase efficiencies)."""
+    for knob, phase in (("tp_efficiency", "gen"), ("dp_efficiency", "update_actor")):
+        def error(value: float) -> float:
+            trial = fit_profile(targets, dataclasses.replace(profile, **{knob: value}), rounds=2,
+                                log=lambda _: None, phases=(phase,))
+            sims = [simulated_phases(cfg, trial) for cfg, _ in targets]
+            return sum(math.log(s[phase] / m[phase]) ** 2 for (_, m), s in zip(targets, sims) if m.get(phase))
+        best = min((0.4 + 0.05 * i for i in range(13)), key=error)
+        profile = dataclasses.replace(profile, **{knob: best})
+        log(f"fit {knob} = {best:.2f}")
+    return fit_profile(targets, profile, rounds=3, log=log)
+
+
 def fit_from_run(cfg: Config, metrics_path: Path, out: Path, log: Callable[[str], None] = print) -> Profile:
     """`asyncrl sim CONFIG --fit metrics.jsonl`: start from cfg.sim.profile, fit, write `out`."""
     start = load_profile(cfg.sim.profile)

@@ -69,6 +69,8 @@ class Profile:
     """Fitted: fixed cost per optimizer step (grad clip, AdamW, FSDP reduce)."""
     sequence_parallel: int = 1
     """Ulysses sequence-parallel degree of the trainer: devices per data-parallel rank."""
+    dp_efficiency: float = 1.0
+    """Fitted: training speed kept per doubling of data-parallel ranks (1.0 = linear; CPU threads less)."""
     sync_gb_s: float = 10.0
     """Weight-sync bandwidth, GB/s (trainer to all engines)."""
     sync_s: float = 0.5

@@ -46,7 +46,8 @@ def devices(cfg: Config, profile: Profile) -> Devices:
     """Who gets which devices, from the same keys a real run reads."""
     if profile.device == "cpu":
         cores = cfg.num_threads or os.cpu_count() or 1
-        rollout, trainer = (cores, cores) if cfg.pipeline == "colocated" else (cfg.rollout.num_cpus, cfg.trainer.num_cpus)
+        colocated = cfg.pipeline == "colocated"
+        rollout, trainer = (cores, cores) if colocated else (cfg.rollout.num_cpus, cfg.trainer.num_cpus)
         engines = cfg.rollout.num_engines
         return Devices(rollout, trainer, engines, max(1, rollout // engines))
     trainer = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node

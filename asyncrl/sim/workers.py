@@ -109,6 +109,7 @@ class SimRolloutServer:
 
 
 _PLACEHOLDERS: dict[tuple[tuple[int, int], ...], tuple[RunLength[int], RunLength[float], RunLength[int]]] = {}
+_MAX_PLACEHOLDERS = 100_000  # responses of one version share them; older versions' go
 
 
 def _placeholders(runs: tuple[tuple[int, int], ...]) -> tuple[RunLength[int], RunLength[float], RunLength[int]]:
@@ -120,7 +121,12 @@ def _placeholders(runs: tuple[tuple[int, int], ...]) -> tuple[RunLength[int], Ru
 
 def _trajectory(f: Finished, spec: GroupSpec, request_id: str, row: PromptRow) -> Trajectory:
     n, runs, end = f
-    ids, logprobs, versions = _PLACEHOLDERS.get(runs) or _PLACEHOLDERS.setdefault(runs, _placeholders(runs))
+    shared = _PLACEHOLDERS.get(runs)
+    if shared is None:
+        if len(_PLACEHOLDERS) >= _MAX_PLACEHOLDERS:
+            _PLACEHOLDERS.clear()
+        shared = _PLACEHOLDERS[runs] = _placeholders(runs)
+    ids, logprobs, versions = shared
     return Trajectory(request_id, row.prompt_ids, ids, logprobs, versions,  # positional: the fast path
                       "length" if n >= spec.max_tokens else "stop", 0.0, {}, "",
                       {"gen_start": spec.submitted, "gen_end": end})

@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from asyncrl.telemetry import clock
 from asyncrl.errors import SyncError
 from asyncrl.sync.buckets import DEFAULT_BUCKET_MB
 from asyncrl.sync.collective import DEFAULT_TIMEOUT_S
 from asyncrl.sync.tensors import WeightMeta, first_difference, meta_nbytes
 from asyncrl.sync.transports import Transport, make_transport
+from asyncrl.telemetry import clock
 from asyncrl.workers.group import WorkerHandle
 
 

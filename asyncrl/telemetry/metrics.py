@@ -18,7 +18,7 @@ from asyncrl.types import Group
 
 @contextmanager
 def timer(name: str, metrics: dict[str, float]) -> Iterator[None]:
-    """Add the block's wall time to `metrics[f"timing_s/{name}"]` (accumulates on repeats)."""
+    """Add the block's duration (`telemetry.clock`) to `metrics[f"timing_s/{name}"]` (accumulates)."""
     start = clock.now()
     try:
         yield

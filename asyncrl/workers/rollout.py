@@ -11,14 +11,12 @@ import asyncio
 import dataclasses
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import Literal
 
 import torch
 
 from asyncrl.config_schema import RolloutConfig
 from asyncrl.rollout import TorchEngine
 from asyncrl.types import GenerationRequest, Group, Mode, PromptRow, SamplingParams, Trajectory
-
 
 
 class RolloutWorker:

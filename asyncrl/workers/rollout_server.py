@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncrl.telemetry import clock
 from asyncrl.config_schema import Config
 from asyncrl.sync import WeightMeta, as_pairs, checksum, export_named, recv_weights
 from asyncrl.sync.tensors import NamedTensors
+from asyncrl.telemetry import clock
 from asyncrl.types import GenerationRequest, Group, PromptRow, Trajectory
 from asyncrl.workers.reward import RewardWorker
 from asyncrl.workers.rollout import Mode, RolloutWorker

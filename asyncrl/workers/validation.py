@@ -6,7 +6,6 @@ prompts), `val/pass@k`, and per data source `val-core/{source}/reward/mean@k` an
 from __future__ import annotations
 
 from collections import defaultdict
-
 from typing import TYPE_CHECKING
 
 from asyncrl.telemetry.metrics import timer

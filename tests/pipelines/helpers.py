@@ -6,8 +6,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from asyncrl.pipelines import pipeline_module
 from asyncrl.config import load_config
+from asyncrl.pipelines import pipeline_module
 from asyncrl.pipelines.setup import RunContext, build_context
 
 

@@ -3,9 +3,9 @@ with the per-row median response lengths bench/calibrate.py fitted (the rows do 
 
 import pytest
 
-from bench.calibrate import ROWS, row_config
 from asyncrl.sim.fit import simulated_phases
 from asyncrl.sim.profile import load_profile
+from bench.calibrate import ROWS, row_config
 
 FITTED_MEDIANS = {32: 614, 64: 367, 128: 516}
 
