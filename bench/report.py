@@ -110,9 +110,8 @@ def plan_section(plan: Any) -> list[str]:
     sp = plan["speed"]
     out = [f"Speed: `{sp['command']}` (400 steps x 512 prompts x 16 responses = 3.3M responses on 128 modelled "
            f"GPUs): **{sp['simulation_s']:.0f} s** of simulation, {sp['seconds']:.0f} s for the whole command "
-           f"(imports, trace export). This VM's speed drifts: a 10M-step Python loop took "
-           f"{sp['python_loop_10M_s']:.1f} s "
-           "just before (1.3-2.9 s over the session), and the simulation time scales with it.", "",
+           f"(imports, trace export). The VM's speed drifts (the same 400 steps took 59-85 s over one session); "
+           f"a 10M-step Python loop took {sp['python_loop_10M_s']:.2f} s just before this run.", "",
            f"Command: `{plan['compare']['command']}`", "",
            "| run | total (50 steps) | samples/s | trainer idle | rollout idle | lag mean/max | partial |",
            "|---|---|---|---|---|---|---|"]
