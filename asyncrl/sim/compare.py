@@ -21,7 +21,7 @@ from asyncrl.config import load_config
 from asyncrl.config_schema import Config
 from asyncrl.errors import ConfigError
 from asyncrl.sim.run import simulate
-from asyncrl.sim.summary import SimSummary, table
+from asyncrl.sim.summary import RunSummary, table
 
 
 def modes(cfg: Config) -> dict[str, str]:
@@ -58,7 +58,7 @@ def _colocated_on_all(cfg: Config) -> str:
 
 
 def compare(path: str | None, overrides: list[str], variants: list[str],
-            log: Callable[[str], None] = print) -> list[SimSummary]:
+            log: Callable[[str], None] = print) -> list[RunSummary]:
     base = load_config(path, overrides)
     out = Path(base.trainer.output_dir)
     summaries = []

@@ -27,7 +27,7 @@ from asyncrl.pipelines.setup import RolloutRouter, RunContext
 from asyncrl.sim import costs
 from asyncrl.sim.loop import run_virtual
 from asyncrl.sim.profile import Profile, load_profile
-from asyncrl.sim.summary import SimSummary, summarise
+from asyncrl.sim.summary import RunSummary, summarise
 from asyncrl.sim.workers import SimHandle, SimRolloutServer, SimTrainer, SimTransport
 from asyncrl.sim.workload import Workload, sim_rows
 from asyncrl.sync import ParameterSynchronizer
@@ -88,7 +88,7 @@ def build_sim_context(cfg: Config, log: Callable[[str], None] = print) -> RunCon
                       trace=Trace(max_events=cfg.sim.trace_max_events), log=log)
 
 
-def simulate(cfg: Config, log: Callable[[str], None] = print) -> SimSummary:
+def simulate(cfg: Config, log: Callable[[str], None] = print) -> RunSummary:
     """Run `cfg.pipeline` on the modelled cluster; its outputs go to trainer.output_dir."""
     cfg = sim_config(cfg)
     module = pipeline_module(cfg.pipeline)

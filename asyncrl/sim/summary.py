@@ -24,7 +24,7 @@ PHASES = ("gen", "generate_sequences", "wait_prev_gen", "wait_samples", "reward"
 
 
 @dataclass
-class SimSummary:
+class RunSummary:
     label: str
     steps: int
     total_s: float
@@ -61,13 +61,13 @@ def read_steps(path: Path) -> list[dict[str, float]]:
 
 
 def summarise(cfg: Config, output_dir: Path, total_s: float | None = None, sim_wall_s: float = 0.0,
-              label: str | None = None) -> SimSummary:
+              label: str | None = None) -> RunSummary:
     steps = read_steps(output_dir / "metrics.jsonl")
     assert steps, f"no steps in {output_dir / 'metrics.jsonl'}"
     phases = {p: _mean(steps, f"timing_s/{p}") for p in PHASES if any(f"timing_s/{p}" in r for r in steps)}
     total = total_s if total_s is not None else sum(r["timing_s/step"] for r in steps)
     trainer_idle, rollout_idle = _idle(cfg.pipeline, steps)
-    return SimSummary(
+    return RunSummary(
         label=label or mode_label(cfg), steps=len(steps), total_s=total,
         samples_per_s=sum(r.get("training/responses", 0) for r in steps) / max(total, 1e-9),
         trainer_idle=trainer_idle, rollout_idle=rollout_idle, phases=phases,
@@ -95,7 +95,7 @@ def _mean(rows: list[dict[str, float]], key: str) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def table(summaries: list[SimSummary]) -> str:
+def table(summaries: list[RunSummary]) -> str:
     """A markdown table, one row per run."""
     base = summaries[0].total_s
     head = ("| run | steps | total | vs first | samples/s | step s | gen s | old_lp s | update s | sync s "

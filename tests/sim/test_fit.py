@@ -20,3 +20,15 @@ def test_fit_recovers_the_phase_times_of_a_known_cluster():
     got = simulated_phases(cfg, fitted)
     for phase in ("gen", "old_log_prob", "update_actor"):
         assert got[phase] == pytest.approx(measured[phase], rel=0.05, abs=0), phase
+
+
+def test_cli_fit_writes_a_profile_the_simulator_loads(tmp_path):
+    from asyncrl.cli import main
+    from asyncrl.sim.run import simulate
+
+    run = load_config(None, [*CFG, f"trainer.output_dir={tmp_path / 'measured'}", "trainer.logger=[jsonl]"])
+    simulate(run, log=lambda _: None)  # stands in for a measured run's metrics.jsonl
+    out = tmp_path / "mine.yaml"
+    assert main(["sim", *CFG, "--fit", str(tmp_path / "measured" / "metrics.jsonl"), "--out", str(out)]) == 0
+    assert load_profile(str(out)).name == "mine"
+    assert main(["sim", *CFG, f"sim.profile={out}", f"trainer.output_dir={tmp_path / 'again'}"]) == 0
