@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from asyncrl.config_schema import Config
+from asyncrl.errors import ConfigError
 from asyncrl.sim.profile import Profile, load_profile, save_profile
 from asyncrl.sim.summary import read_steps
 
@@ -28,7 +29,8 @@ FITTED = ("gen", "old_log_prob", "update_actor")
 
 def measured_phases(metrics_path: Path, skip: int = 1) -> dict[str, float]:
     """Mean seconds per step of the fitted phases in a real run (first `skip` steps are warm-up)."""
-    steps = read_steps(metrics_path)[skip:] or read_steps(metrics_path)
+    every = read_steps(metrics_path)
+    steps = every[skip:] or every
     out = {}
     for phase in FITTED:
         keys = ("timing_s/gen", "timing_s/generate_sequences") if phase == "gen" else (f"timing_s/{phase}",)
@@ -118,9 +120,11 @@ def fit_scaling(targets: Sequence[tuple[Config, dict[str, float]]], profile: Pro
 def fit_from_run(cfg: Config, metrics_path: Path, out: Path, log: Callable[[str], None] = print) -> Profile:
     """`asyncrl sim CONFIG --fit metrics.jsonl`: start from cfg.sim.profile, fit, write `out`."""
     start = load_profile(cfg.sim.profile)
+    if not metrics_path.is_file():
+        raise ConfigError(f"--fit {metrics_path}: no such file; pass the metrics.jsonl of a measured run")
     measured = measured_phases(metrics_path)
     if not measured:
-        raise ValueError(f"{metrics_path}: no timing_s/gen, old_log_prob or update_actor to fit")
+        raise ConfigError(f"--fit {metrics_path}: no timing_s/gen, old_log_prob or update_actor to fit")
     steps = min(len(read_steps(metrics_path)), 5)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, total_training_steps=steps))
     fitted = dataclasses.replace(fit_profile([(cfg, measured)], start, log=log), name=out.stem,

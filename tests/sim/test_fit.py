@@ -32,3 +32,10 @@ def test_cli_fit_writes_a_profile_the_simulator_loads(tmp_path):
     assert main(["sim", *CFG, "--fit", str(tmp_path / "measured" / "metrics.jsonl"), "--out", str(out)]) == 0
     assert load_profile(str(out)).name == "mine"
     assert main(["sim", *CFG, f"sim.profile={out}", f"trainer.output_dir={tmp_path / 'again'}"]) == 0
+
+
+def test_fit_from_a_missing_file_names_the_flag(tmp_path, capsys):
+    from asyncrl.cli import main
+
+    assert main(["sim", *CFG, "--fit", str(tmp_path / "nope.jsonl")]) == 2
+    assert "--fit" in capsys.readouterr().err
