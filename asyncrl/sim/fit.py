@@ -106,15 +106,20 @@ def fit_scaling(targets: Sequence[tuple[Config, dict[str, float]]], profile: Pro
     with devices: `tp_efficiency` from generation, `dp_efficiency` from the update (grid search
     in log error, each followed by a refit of the phase efficiencies)."""
     for knob, phase in (("tp_efficiency", "gen"), ("dp_efficiency", "update_actor")):
-        def error(value: float) -> float:
-            trial = fit_profile(targets, dataclasses.replace(profile, **{knob: value}), rounds=2,
-                                log=lambda _: None, phases=(phase,))
-            sims = [simulated_phases(cfg, trial) for cfg, _ in targets]
-            return sum(math.log(s[phase] / m[phase]) ** 2 for (_, m), s in zip(targets, sims) if m.get(phase))
-        best = min((0.4 + 0.05 * i for i in range(13)), key=error)
+        grid = [0.4 + 0.05 * i for i in range(13)]
+        best = min(grid, key=lambda v, k=knob, ph=phase, pr=profile: _scaling_error(targets, pr, k, ph, v))
         profile = dataclasses.replace(profile, **{knob: best})
         log(f"fit {knob} = {best:.2f}")
     return fit_profile(targets, profile, rounds=3, log=log)
+
+
+def _scaling_error(targets: Sequence[tuple[Config, dict[str, float]]], profile: Profile, knob: str,
+                   phase: str, value: float) -> float:
+    """Squared log error of `phase` over the targets with `knob` = value (phase efficiency refitted)."""
+    trial = fit_profile(targets, dataclasses.replace(profile, **{knob: value}), rounds=2, log=lambda _: None,
+                        phases=(phase,))
+    sims = [simulated_phases(cfg, trial) for cfg, _ in targets]
+    return sum(math.log(s[phase] / m[phase]) ** 2 for (_, m), s in zip(targets, sims) if m.get(phase))
 
 
 def fit_from_run(cfg: Config, metrics_path: Path, out: Path, log: Callable[[str], None] = print) -> Profile:
