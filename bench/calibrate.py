@@ -33,16 +33,12 @@ ROWS = {  # GPUs: SPEC §6 per-phase seconds
     64: {"step": 365.28, "gen": 150.72, "old_log_prob": 70.26, "update_actor": 133.41},
     128: {"step": 356.30, "gen": 177.85, "old_log_prob": 53.92, "update_actor": 113.81},
 }
-BASE = ["pipeline=colocated", "data.train_batch_size=512", "data.max_response_length=28672",
-        "data.max_prompt_length=2048", "rollout.n=16", "rollout.tensor_model_parallel_size=4",
-        "rollout.max_num_seqs=1024", "actor.ppo_mini_batch_size=32", "actor.ppo_micro_batch_tokens=30720",
-        "trainer.n_gpus_per_node=8", "trainer.test_freq=0", "trainer.val_before_train=false",
-        "trainer.logger=[jsonl]", "sim.length_sigma=0.9", "sim.prompt_length=200"]
+EXAMPLE = str(ROOT / "examples/dapo_qwen7b_h20.yaml")  # the same workload users plan with
 
 
 def row_config(gpus: int, median: float, steps: int) -> Config:
-    return load_config(None, [*BASE, f"trainer.nnodes={gpus // 8}", f"sim.length_median={median:.1f}",
-                              f"trainer.total_training_steps={steps}"])
+    return load_config(EXAMPLE, ["trainer.logger=[jsonl]", f"trainer.nnodes={gpus // 8}",
+                                 f"sim.length_median={median:.1f}", f"trainer.total_training_steps={steps}"])
 
 
 def fit_median(gpus: int, profile: Profile, guess: float, steps: int) -> float:

@@ -37,7 +37,7 @@ def modes(cfg: Config) -> dict[str, str]:
 
 
 def expand(variants: list[str], base: Config) -> dict[str, str]:
-    """Label → overrides. 'modes' becomes colocated (on every device) plus MODES."""
+    """Label → overrides. 'modes' becomes colocated (on every device) plus `modes(base)`."""
     out: dict[str, str] = {}
     for v in variants:
         if v == "modes":

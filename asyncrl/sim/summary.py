@@ -80,7 +80,8 @@ def summarise(cfg: Config, output_dir: Path, total_s: float | None = None, sim_w
 
 def _idle(pipeline: str, steps: list[dict[str, float]]) -> tuple[float, float]:
     def ratio(key: str) -> float:
-        return _mean([{"v": r.get(key, 0.0) / r["timing_s/step"]} for r in steps if r["timing_s/step"] > 0], "v")
+        ratios = [r.get(key, 0.0) / r["timing_s/step"] for r in steps if r["timing_s/step"] > 0]
+        return sum(ratios) / len(ratios) if ratios else 0.0
 
     if pipeline == "fully_async":
         return _mean(steps, "trainer/idle_ratio"), steps[-1].get("rollouter/idle_ratio", 0.0)
