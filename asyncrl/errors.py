@@ -29,3 +29,7 @@ class RewardTimeout(AsyncRLError, TimeoutError):
 
 class SyncError(AsyncRLError, RuntimeError):
     """A weight sync failed or the engine's weights do not match what the trainer sent."""
+
+
+class WorkerDied(AsyncRLError, RuntimeError):
+    """A worker process (e.g. a Ray actor) died; the message names its role ("rollout worker 1")."""

@@ -139,7 +139,7 @@ def bench_model(name: str, args: argparse.Namespace, threads: int) -> list[dict[
     rows.append(dict(model=name, threads=threads, system="TorchEngine",
                      batch=args.max_num_seqs, seconds=secs, foreign_cores=foreign))
     for bs in args.hf_batch_sizes:
-        secs, foreign = best_of(args.hf_repeats, lambda: run_hf(model, reqs, bs),
+        secs, foreign = best_of(args.hf_repeats, lambda bs=bs: run_hf(model, reqs, bs),
                                 args.max_foreign, args.hf_repeats + 2)
         rows.append(dict(model=name, threads=threads, system="HF generate", batch=bs,
                          seconds=secs, foreign_cores=foreign))

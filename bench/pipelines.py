@@ -72,7 +72,8 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['config']} | {r['wall_s']:.1f} | {base / r['wall_s']:.2f}× | {r['samples_per_s']:.1f} | "
-                     f"{fmt(r['trainer_idle_ratio'])} | {fmt(r['rollouter_idle_ratio'])} | {fmt(r['wait_prev_gen_s'])} |")
+                     f"{fmt(r['trainer_idle_ratio'])} | {fmt(r['rollouter_idle_ratio'])} | "
+                     f"{fmt(r['wait_prev_gen_s'])} |")
     cmd = "PYTHONPATH=. python bench/pipelines.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "runs_dir") and v != "")
     return "\n".join([f"Command: `{cmd}`", "", *lines])

@@ -128,7 +128,7 @@ def logprobs_from_logits(
     assert logits.shape[:-1] == labels.shape, f"logits {tuple(logits.shape)} vs labels {tuple(labels.shape)}"
     assert logits.dim() >= 2, "logits need a position and a vocabulary dimension"
     labels_3d = labels.reshape(_as_3d(logits).shape[:-1]).long()
-    out: Tensor = _LabelLogProb.apply(_as_3d(logits), labels_3d, temperature, chunk_rows)  # type: ignore[no-untyped-call]
+    out: Tensor = _LabelLogProb.apply(_as_3d(logits), labels_3d, temperature, chunk_rows)
     return out.view(labels.shape)
 
 
@@ -143,5 +143,5 @@ def entropy_from_logits(
     """
     assert temperature > 0, f"temperature must be > 0, got {temperature}"
     assert logits.dim() >= 2, "logits need a position and a vocabulary dimension"
-    ent: Tensor = _Entropy.apply(_as_3d(logits), temperature, chunk_rows)  # type: ignore[no-untyped-call]
+    ent: Tensor = _Entropy.apply(_as_3d(logits), temperature, chunk_rows)
     return ent.view(logits.shape[:-1])

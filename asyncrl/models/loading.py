@@ -56,8 +56,9 @@ def _load_smollm2(log: Callable[[str], None]) -> tuple[PreTrainedModel, PreTrain
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, torch_dtype=torch.float32)
     # transformers keeps a "gguf quantized" marker on the de-quantised fp32 model, which blocks
     # save_pretrained and training; the weights are ordinary tensors, so drop the marker.
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
     model.config._is_quantized = False
     model.save_pretrained(cache)
     tok.save_pretrained(cache)

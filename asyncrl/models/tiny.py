@@ -18,9 +18,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    BatchEncoding,
+    GenerationMixin,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from asyncrl.data import make_task
 from asyncrl.models.tokenizer import build_char_tokenizer
@@ -102,13 +110,14 @@ def encode_sft(tok: PreTrainedTokenizerBase, pairs: Sequence[tuple[str, str]]) -
 
 
 def _chat_ids(tok: PreTrainedTokenizerBase, question: str) -> list[int]:
-    out = tok.apply_chat_template([{"role": "user", "content": question}],
-                                  add_generation_prompt=True, tokenize=True)
-    return list(out["input_ids"] if hasattr(out, "keys") else out)
+    # tokenize=True gives ids: a BatchEncoding (transformers 5) or a list (4.x); the stub's union also has text.
+    out = cast("BatchEncoding | list[int]", tok.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True))
+    return list(out["input_ids"] if isinstance(out, BatchEncoding) else out)
 
 
 @torch.no_grad()
-def sampled_accuracy(model: PreTrainedModel, tok: PreTrainedTokenizerBase,
+def sampled_accuracy(model: GenerationMixin, tok: PreTrainedTokenizerBase,
                      pairs: Sequence[tuple[str, str]], temperature: float = 1.0) -> float:
     """Fraction of questions answered exactly, one sample each (HF generate, left padding)."""
     tok.padding_side = "left"
@@ -116,14 +125,15 @@ def sampled_accuracy(model: PreTrainedModel, tok: PreTrainedTokenizerBase,
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = (ids != tok.pad_token_id).long()
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6,
+    # transformers types generate's self as a Protocol that real models fail under mypy (read-only `device`)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6,  # type: ignore[misc]
                          do_sample=temperature > 0, temperature=temperature or None, top_k=0,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
     return sum(t.strip() == a for t, (_, a) in zip(texts, pairs)) / len(pairs)
 
 
-def warm_up(model: PreTrainedModel, tok: PreTrainedTokenizerBase, spec: TinySpec,
+def warm_up(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, spec: TinySpec,
             log: Callable[[str], None] = print) -> dict[str, float]:
     """SFT on noisy arithmetic until greedy accuracy reaches spec.target_accuracy (or max steps)."""
     opt = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr, weight_decay=0.0)

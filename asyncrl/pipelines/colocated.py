@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asyncrl.pipelines.common import after_step, finish, interrupted, start, validate_before_training
+from asyncrl.pipelines.common import after_step, finish, interrupted, start, train, validate_before_training
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.telemetry.metrics import timer
 from asyncrl.types import Group, PromptRow
@@ -43,11 +43,9 @@ async def train_one_step(ctx: RunContext, step: int) -> None:
     with timer("step", metrics):
         groups = await generate_batch(ctx, step, metrics)
         if groups:
-            mini = max(1, len(groups) // ctx.cfg.actor.ppo_mini_batch_size)
-            with ctx.trace.span("train", "trainer", step=step):
-                metrics |= await ctx.trainer.call("train_groups", groups, mini)
+            metrics |= await train(ctx, groups, step)
             with ctx.trace.span("sync", "sync", step=step):
-                metrics |= await ctx.synchronizer.sync(await ctx.trainer.call("get_version"))
+                metrics |= await ctx.synchronizer.sync()
     await after_step(ctx, step, metrics, groups)
 
 
@@ -74,7 +72,7 @@ async def generate_scored(ctx: RunContext, rows: list[PromptRow], suffix: str,
         groups = await asyncio.gather(*(
             ctx.rollout.generate_scored(r, n, r.uid + suffix, "train", False) for r in rows))
     with timer("reward", metrics):
-        groups = await ctx.rollout.handles[0].call("score", list(groups))
+        groups = await ctx.rollout.score(list(groups))
     if ctx.cfg.algorithm.adv_estimator == "remax":
         await _remax_baselines(ctx, groups, suffix, metrics)
     return groups

@@ -5,6 +5,7 @@ closed). The loops themselves live one per file next to this module.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,27 +13,43 @@ from asyncrl.pipelines.checkpoint import latest_checkpoint, load_checkpoint, sav
 from asyncrl.pipelines.setup import RunContext, open_tracker
 from asyncrl.telemetry.metrics import group_metrics, timer
 from asyncrl.types import Group
+from asyncrl.workers.validation import summarise
 
 
 async def start(ctx: RunContext, total_steps: int | None = None) -> tuple[int, dict[str, Any]]:
     """Set up weight sync, resume from the latest checkpoint if any: (last step, extras).
-    `total_steps` overrides trainer.total_training_steps where a pipeline counts differently."""
+    A resumed run pushes the checkpoint's weights to the rollout side once, at the policy
+    version it saved. `total_steps` overrides trainer.total_training_steps where a pipeline
+    counts differently."""
     ctx.total_steps = total_steps or ctx.cfg.trainer.total_training_steps
     await ctx.synchronizer.setup()
     path = latest_checkpoint(ctx) if ctx.cfg.trainer.resume else None
     state: dict[str, Any] = {"step": 0, "extra": {}}
     if path is not None:
         state = await load_checkpoint(ctx, path)
-        await ctx.synchronizer.sync(await ctx.trainer.call("get_version"))
-        ctx.log(f"resumed from {path} (step {state['step']})")
+        await ctx.synchronizer.push(state.get("version", 0) + int(state.get("behind", False)))
+        ctx.log(f"resumed from {path} (step {state['step']}, policy version {ctx.synchronizer.version})")
     ctx.tracker = open_tracker(ctx, state["step"])
     return state["step"], state["extra"]
 
 
 async def run_validation(ctx: RunContext, step: int) -> dict[str, float]:
+    """`rollout.val_n` responses per held-out prompt over every rollout worker, summarised."""
     if not ctx.val_rows:
         return {}
-    return await ctx.rollout.handles[0].call("validate", ctx.val_rows, ctx.cfg.rollout.val_n, str(step))
+    k, metrics = ctx.cfg.rollout.val_n, dict[str, float]()
+    with timer("testing", metrics):
+        groups = await asyncio.gather(*(ctx.rollout.generate_scored(r, k, f"{r.uid}@val{step}", "val")
+                                        for r in ctx.val_rows))
+    return metrics | summarise(list(groups), k)
+
+
+async def train(ctx: RunContext, groups: Sequence[Group], step: int) -> dict[str, float]:
+    """One policy update on these groups; the rollout side is then behind the trainer."""
+    with ctx.trace.span("train", "trainer", step=step):
+        metrics = await ctx.trainer.train_groups(groups)
+    ctx.synchronizer.behind = True
+    return metrics
 
 
 def due(step: int, freq: int, total: int) -> bool:
@@ -48,8 +65,7 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
         metrics |= group_metrics(groups, ctx.cfg.data.max_response_length)
         for g in groups:
             ctx.trace.add_group(g, "rollout")
-    for stats in await ctx.rollout.call_all("stats"):
-        metrics |= stats
+    metrics |= await ctx.rollout.stats()
     metrics["training/responses"] = sum(len(g.trajectories) for g in groups)
     metrics["training/global_step"] = step
     metrics["training/epoch"] = ctx.prompts.epoch

@@ -21,10 +21,19 @@ import asyncio
 import json
 import math
 
-from asyncrl.pipelines.common import after_step, finish, interrupted, staleness_metrics, start, validate_before_training
+from asyncrl.pipelines.common import (
+    after_step,
+    finish,
+    interrupted,
+    staleness_metrics,
+    start,
+    train,
+    validate_before_training,
+)
 from asyncrl.pipelines.rollouter import Rollouter
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.queue.message_queue import MessageQueue
+from asyncrl.scheduling.batching import prompts_per_update
 from asyncrl.scheduling.staleness import StalenessBudget
 from asyncrl.telemetry.metrics import timer
 from asyncrl.types import Group
@@ -36,11 +45,8 @@ class AsyncTrainer:
     def __init__(self, ctx: RunContext, queue: MessageQueue, rollouter: Rollouter,
                  budget: StalenessBudget, total_prompts: int) -> None:
         self.ctx, self.queue, self.rollouter, self.budget = ctx, queue, rollouter, budget
-        a = ctx.cfg.async_training
-        self.R = a.require_batches * ctx.cfg.actor.ppo_mini_batch_size
-        self.T = a.trigger_parameter_sync_step
+        self.R, self.T = budget.prompts_per_update, budget.updates_per_sync
         self.total_prompts = total_prompts
-        self.version = 0
         self.trained = 0
         self.dropped = 0
         self.ledger = (ctx.output_dir / "samples.jsonl").open("a")
@@ -48,6 +54,11 @@ class AsyncTrainer:
     @property
     def total_updates(self) -> int:
         return math.ceil(self.total_prompts / self.R)
+
+    @property
+    def version(self) -> int:
+        """The policy version: weight syncs so far (`ParameterSynchronizer.version`)."""
+        return self.ctx.synchronizer.version
 
     async def run(self, step: int) -> int:
         while self.trained < self.total_prompts:
@@ -57,9 +68,8 @@ class AsyncTrainer:
                 groups = await self.collect(metrics)
                 if not groups:
                     break
-                with timer("train", metrics), self.ctx.trace.span("train", "trainer", step=step):
-                    metrics |= await self.ctx.trainer.call(
-                        "train_groups", groups, max(1, len(groups) // self.ctx.cfg.actor.ppo_mini_batch_size))
+                with timer("train", metrics):
+                    metrics |= await train(self.ctx, groups, step)
                 self.record(groups)
                 metrics |= staleness_metrics(groups, self.version)
                 if step % self.T == 0 or self.trained >= self.total_prompts:
@@ -71,13 +81,13 @@ class AsyncTrainer:
         return step
 
     def state(self) -> dict[str, int]:
-        """What a checkpoint needs to continue the count. Groups queued or in flight at the
-        checkpoint are not saved: a resumed run starts after them (not lossless yet)."""
-        return {"trained": self.trained, "version": self.version, "dropped": self.dropped}
+        """What a checkpoint needs to continue the count (the policy version is saved with the
+        synchronizer's). Groups queued or in flight at the checkpoint are not saved: a resumed
+        run starts after them (not lossless yet)."""
+        return {"trained": self.trained, "dropped": self.dropped}
 
     def restore(self, state: dict[str, int]) -> None:
         self.trained = state.get("trained", 0)
-        self.version = state.get("version", 0)
         self.dropped = state.get("dropped", 0)
 
     async def collect(self, metrics: dict[str, float]) -> list[Group]:
@@ -102,9 +112,8 @@ class AsyncTrainer:
         self.rollouter.hold()
         if not partial:
             await self.rollouter.drain()
-        self.version += 1
-        with self.ctx.trace.span("sync", "sync", version=self.version, interrupt=partial):
-            metrics = await self.ctx.synchronizer.sync(self.version, interrupt=partial)
+        with self.ctx.trace.span("sync", "sync", version=self.version + 1, interrupt=partial):
+            metrics = await self.ctx.synchronizer.sync(interrupt=partial)
         self.budget.on_sync(num_stale=len(self.queue) + self.rollouter.in_flight)
         self.rollouter.release()
         return metrics
@@ -138,18 +147,17 @@ def total_prompts(ctx: RunContext) -> int:
 
 async def run(ctx: RunContext) -> int:
     a, step = ctx.cfg.async_training, 0
-    R = a.require_batches * ctx.cfg.actor.ppo_mini_batch_size
+    R = prompts_per_update(a.require_batches, ctx.cfg.actor.ppo_mini_batch_size)
     budget = StalenessBudget(R, a.trigger_parameter_sync_step, a.staleness_threshold, a.max_version_lag)
     queue = MessageQueue(capacity=max(2 * budget.per_version, 1))
     rollouter = Rollouter(ctx, queue, budget, total_prompts(ctx))
     trainer = AsyncTrainer(ctx, queue, rollouter, budget, total_prompts(ctx))
-    rollout_task = train_task = None
+    rollout_task: asyncio.Task[None] | None = None
+    train_task: asyncio.Task[int] | None = None
     try:
         step, extra = await start(ctx, total_steps=trainer.total_updates)
         trainer.restore(extra)
         rollouter.started = trainer.trained
-        if step:  # the engines count versions in syncs here, not in updates
-            await ctx.synchronizer.sync(trainer.version)
         await validate_before_training(ctx, step)
         rollout_task = asyncio.create_task(rollouter.run())
         train_task = asyncio.create_task(trainer.run(step))
@@ -161,9 +169,8 @@ async def run(ctx: RunContext) -> int:
         await interrupted(ctx, step)
         raise
     finally:
-        for task in (rollout_task, train_task):
-            if task is not None:
-                task.cancel()
+        for task in (t for t in (rollout_task, train_task) if t is not None):
+            task.cancel()
         trainer.ledger.close()
         finish(ctx)
     return step

@@ -18,7 +18,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from asyncrl.pipelines.common import after_step, finish, interrupted, staleness_metrics, start, validate_before_training
+from asyncrl.pipelines.common import (
+    after_step,
+    finish,
+    interrupted,
+    staleness_metrics,
+    start,
+    train,
+    validate_before_training,
+)
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.telemetry import clock
 from asyncrl.telemetry.metrics import timer
@@ -34,7 +42,7 @@ async def run(ctx: RunContext) -> int:
         await validate_before_training(ctx, step)
         rows = rows_by_uid(ctx, extra.get("in_flight", [])) or ctx.prompts.next_batch()
         pending_task, pending_rows = launch(ctx, rows, step + 1), rows
-        while step < ctx.cfg.trainer.total_training_steps:
+        while step < ctx.cfg.trainer.total_training_steps and pending_task is not None:
             step += 1
             pending_task, pending_rows = await train_one_step(ctx, step, pending_task)
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -49,22 +57,23 @@ async def run(ctx: RunContext) -> int:
 
 async def train_one_step(ctx: RunContext, step: int, pending: asyncio.Task[Batch]
                          ) -> tuple[asyncio.Task[Batch] | None, list[PromptRow]]:
+    """Wait for batch `step`, publish the trainer's weights (unless the rollout side has them
+    already: the first step of a run), launch batch `step + 1`, train on batch `step`."""
     metrics: dict[str, float] = {}
     next_task, next_rows = None, []
     with timer("step", metrics):
         with timer("wait_prev_gen", metrics):
             groups, gen_s = await pending
         metrics["timing_s/generate_sequences"] = gen_s
-        version = await ctx.trainer.call("get_version")
-        with ctx.trace.span("sync", "sync", version=version):
-            metrics |= await ctx.synchronizer.sync(version)
+        if ctx.synchronizer.behind:
+            with ctx.trace.span("sync", "sync", version=ctx.synchronizer.version + 1):
+                metrics |= await ctx.synchronizer.sync()
         if step < ctx.cfg.trainer.total_training_steps:
             next_rows = ctx.prompts.next_batch()
             next_task = launch(ctx, next_rows, step + 1)
-        mini = max(1, len(groups) // ctx.cfg.actor.ppo_mini_batch_size)
-        with timer("train", metrics), ctx.trace.span("train", "trainer", step=step):
-            metrics |= await ctx.trainer.call("train_groups", groups, mini)
-    metrics |= staleness_metrics(groups, version)
+        with timer("train", metrics):
+            metrics |= await train(ctx, groups, step)
+    metrics |= staleness_metrics(groups, ctx.synchronizer.version)
     await after_step(ctx, step, metrics, groups, {"in_flight": [r.uid for r in next_rows]})
     return next_task, next_rows
 

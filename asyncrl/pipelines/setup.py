@@ -1,53 +1,74 @@
-"""Build a run from the config: data and prompt stream in the driver, the rollout and trainer
-sides behind worker handles (in this process or in Ray actors), the weight synchronizer and
-the metric sinks. `build_context(cfg)` is the only place that reads the whole config.
+"""Build a run from the config on a substrate: data and prompt stream in the driver, the workers
+(as their roles) behind one rollout router, the weight synchronizer and the trace.
+`build_context(cfg)` is the only place that reads the whole config; every substrate (local,
+ray, sim) goes through it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import TYPE_CHECKING
 
 from asyncrl.config import config_to_dict, dump_config
 from asyncrl.config_schema import Config
 from asyncrl.data import PromptIterator
-from asyncrl.errors import ConfigError
-from asyncrl.sync import ParameterSynchronizer, default_transport
+from asyncrl.roles import RolloutSide, TrainerSide
+from asyncrl.sync import ParameterSynchronizer
 from asyncrl.telemetry.loggers import Tracker, make_tracker
 from asyncrl.telemetry.trace import Trace
-from asyncrl.training.optim import seed_everything
-from asyncrl.types import Group, Mode, PromptRow
-from asyncrl.workers.group import LocalHandle, WorkerHandle
+from asyncrl.types import Group, Mode, PromptRow, Trajectory
 
 if TYPE_CHECKING:  # the simulator builds contexts without transformers
     from transformers import PreTrainedTokenizerBase
 
+    from asyncrl.substrates import Substrate
+
 
 class RolloutRouter:
-    """Several rollout hosts behind one door: each group goes to the least-loaded host."""
+    """Every rollout worker behind one door: each group goes to the least-loaded worker.
 
-    def __init__(self, handles: Sequence[WorkerHandle]) -> None:
-        self.handles = list(handles)
-        self._in_flight = [0] * len(self.handles)
+    The only router: a worker holds one engine, so a group's responses share its KV cache."""
+
+    def __init__(self, workers: Sequence[RolloutSide]) -> None:
+        assert workers, "a run needs at least one rollout worker"
+        self.workers = list(workers)
+        self._in_flight = [0] * len(self.workers)
+        self._owner: dict[str, int] = {}
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
                               score: bool = True) -> Group:
         i = self._in_flight.index(min(self._in_flight))
         self._in_flight[i] += 1
+        self._owner[uid] = i
         try:
-            return await self.handles[i].call("generate_scored", row, n, uid, mode, score)
+            return await self.workers[i].generate_scored(row, n, uid, mode, score)
         finally:
             self._in_flight[i] -= 1
+            self._owner.pop(uid, None)
 
-    async def call_all(self, method: str, *args: Any) -> list[Any]:
-        return list(await asyncio.gather(*(h.call(method, *args) for h in self.handles)))
+    async def score(self, groups: list[Group]) -> list[Group]:
+        return await self.workers[0].score(groups)
+
+    async def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
+        """Abort these requests (`{uid}/{i}`) on the workers running their groups."""
+        by_worker: dict[int, list[str]] = {}
+        for rid in request_ids:
+            owner = self._owner.get(rid.rpartition("/")[0])
+            if owner is not None:
+                by_worker.setdefault(owner, []).append(rid)
+        parts = await asyncio.gather(*(self.workers[i].abort(ids) for i, ids in by_worker.items()))
+        return [t for part in parts for t in part]
+
+    async def stats(self) -> dict[str, float]:
+        """Every worker's stats, summed (they are counts and rates)."""
+        total: dict[str, float] = {}
+        for stats in await asyncio.gather(*(w.stats() for w in self.workers)):
+            for key, value in stats.items():
+                total[key] = total.get(key, 0.0) + value
+        return total
 
 
 @dataclass
@@ -59,68 +80,34 @@ class RunContext:
     val_rows: list[PromptRow]
     prompts: PromptIterator
     rollout: RolloutRouter
-    trainer: WorkerHandle
+    trainer: TrainerSide
     synchronizer: ParameterSynchronizer
     trace: Trace
+    close: Callable[[], None]
     log: Callable[[str], None] = print
     tracker: Tracker | None = None
     total_steps: int = 0
 
-    def close(self) -> None:
-        for handle in [*self.rollout.handles, self.trainer]:
-            handle.close()
 
+def build_context(cfg: Config, *, log: Callable[[str], None] = print,
+                  substrate: Substrate | None = None) -> RunContext:
+    """A run on `substrate` (default: the one `backend=` names)."""
+    from asyncrl.substrates import substrate_for
+    from asyncrl.training.optim import seed_everything
 
-def set_threads(n: int) -> None:
-    torch.set_num_threads(n or os.cpu_count() or 1)
-
-
-def build_context(cfg: Config, *, log: Callable[[str], None] = print) -> RunContext:
-    if cfg.rollout.tensor_model_parallel_size != 1:
-        raise ConfigError("rollout.tensor_model_parallel_size > 1 is modelled by `asyncrl sim` only; "
-                          "the torch engine runs each engine on one device: set it to 1")
-    from asyncrl.models import load_model
-    from asyncrl.workers.factory import build_trainer_side, load_data
-    from asyncrl.workers.rollout_server import build_rollout_server
-
+    substrate = substrate or substrate_for(cfg)
     seed_everything(cfg.seed)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
-    model, tok = load_model(cfg.model, log)  # builds the tiny model once, before any host does
-    train_rows, val_rows = load_data(cfg, tok, log)
-    rollout_cpus, trainer_cpus = _cpus(cfg)
-    set_threads(rollout_cpus if cfg.backend == "local" else cfg.num_threads)
-    make_handle = _handle_factory(cfg.backend)
-    shared = {"model": model, "tok": tok} if cfg.backend == "local" else {}
-    rollout = make_handle("rollout0", functools.partial(build_rollout_server, cfg, **shared),
-                          backend=cfg.backend, num_cpus=rollout_cpus)
-    trainer = make_handle("trainer", functools.partial(build_trainer_side, cfg, **shared),
-                          backend=cfg.backend, num_cpus=trainer_cpus)
-    gpus = cfg.trainer.device == "cuda"
-    sync = ParameterSynchronizer(trainer, [rollout], default_transport(cfg.backend, gpus=gpus))
-    prompts = PromptIterator(train_rows, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed)
-    return RunContext(cfg=cfg, output_dir=out, tokenizer=tok, train_rows=train_rows, val_rows=val_rows,
-                      prompts=prompts, rollout=RolloutRouter([rollout]), trainer=trainer,
-                      synchronizer=sync, trace=Trace(), log=log)
-
-
-def _handle_factory(backend: str) -> Callable[..., WorkerHandle]:
-    """Handles for the chosen substrate; Ray is imported (and started) only when asked for."""
-    if backend == "local":
-        return lambda name, factory, *, backend, num_cpus: LocalHandle(name, factory)
-    from asyncrl.workers.ray_host import init_ray, make_handle
-
-    init_ray(os.environ.get("RAY_ADDRESS"))
-    return make_handle
-
-
-def _cpus(cfg: Config) -> tuple[int, int]:
-    """Cores per side. Colocated: every phase uses all cores in turn; decoupled: each side its own."""
-    if cfg.pipeline == "colocated":
-        n = cfg.num_threads or os.cpu_count() or 1
-        return n, n
-    return cfg.rollout.num_cpus, cfg.trainer.num_cpus
+    data = substrate.load_data(cfg, log)
+    workers = substrate.build_workers(cfg, log)
+    sync = ParameterSynchronizer(workers.trainer, workers.rollouts, workers.transport)
+    prompts = PromptIterator(data.train_rows, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed)
+    return RunContext(cfg=cfg, output_dir=out, tokenizer=data.tokenizer, train_rows=data.train_rows,
+                      val_rows=data.val_rows, prompts=prompts, rollout=RolloutRouter(workers.rollouts),
+                      trainer=workers.trainer, synchronizer=sync,
+                      trace=Trace(max_events=substrate.trace_max_events), close=workers.close, log=log)
 
 
 def open_tracker(ctx: RunContext, initial_step: int) -> Tracker:

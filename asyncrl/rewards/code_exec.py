@@ -140,7 +140,8 @@ def code_score(solution_str: str, ground_truth: str, timeout_s: float = DEFAULT_
 
 
 @register(*CODE_SOURCES)
-def compute_code(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> dict[str, float]:
+def compute_code(data_source: str, solution_str: str, ground_truth: str,
+                 extra_info: dict[str, Any] | None = None) -> dict[str, float]:
     """Registered for `code` and verl's code data sources (codecontests, apps, codeforces, taco)."""
     timeout_s = float((extra_info or {}).get("code_timeout_s", DEFAULT_TIMEOUT_S))
     return code_score(solution_str, ground_truth, timeout_s)

@@ -83,12 +83,14 @@ def gsm8k_score(solution_str: str, ground_truth: str, method: str = "auto") -> d
 
 @register(*MATH_SOURCES)
 @register("aime", prefix=True)
-def compute_math(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> dict[str, float]:
+def compute_math(data_source: str, solution_str: str, ground_truth: str,
+                 extra_info: dict[str, Any] | None = None) -> dict[str, float]:
     """Registered for MATH-style data sources (see MATH_SOURCES and the `aime*` prefix)."""
     return math_score(solution_str, ground_truth)
 
 
 @register("openai/gsm8k", "gsm8k")
-def compute_gsm8k(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> dict[str, float]:
+def compute_gsm8k(data_source: str, solution_str: str, ground_truth: str,
+                  extra_info: dict[str, Any] | None = None) -> dict[str, float]:
     """Registered for GSM8K; `extra_info["gsm8k_method"]` may pick "strict" or "flexible"."""
     return gsm8k_score(solution_str, ground_truth, (extra_info or {}).get("gsm8k_method", "auto"))

@@ -28,7 +28,8 @@ MAX_EXPR_CHARS = 200
 
 
 @register("arithmetic")
-def compute_arithmetic(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> float:
+def compute_arithmetic(data_source: str, solution_str: str, ground_truth: str,
+                       extra_info: dict[str, Any] | None = None) -> float:
     """Example: ("12+7=19", "19") -> 1.0; ("19 or 20", "19") -> 0.0."""
     return float(last_integer(solution_str) == int(ground_truth))
 
@@ -59,7 +60,7 @@ def _evaluate(node: ast.AST) -> Fraction:
 
 
 def _literals(tree: ast.AST) -> Counter[int]:
-    return Counter(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant))
+    return Counter(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, int))
 
 
 def countdown_score(solution_str: str, ground_truth: str, format_score: float = 0.1) -> dict[str, float]:
@@ -83,7 +84,8 @@ def countdown_score(solution_str: str, ground_truth: str, format_score: float = 
 
 
 @register("countdown")
-def compute_countdown(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> dict[str, float]:
+def compute_countdown(data_source: str, solution_str: str, ground_truth: str,
+                      extra_info: dict[str, Any] | None = None) -> dict[str, float]:
     """Registered for the built-in `countdown` task (ground truth JSON {"target", "numbers"})."""
     return countdown_score(solution_str, ground_truth)
 
@@ -101,6 +103,7 @@ def longtail_score(solution_str: str, ground_truth: str) -> dict[str, float]:
 
 
 @register("longtail")
-def compute_longtail(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> dict[str, float]:
+def compute_longtail(data_source: str, solution_str: str, ground_truth: str,
+                     extra_info: dict[str, Any] | None = None) -> dict[str, float]:
     """Registered for the built-in `longtail` task."""
     return longtail_score(solution_str, ground_truth)

@@ -79,7 +79,8 @@ def resolve_reward_fn(data_source: str, custom_path: str | None = None) -> Rewar
     )
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> float | dict[str, Any]:
+def compute_score(data_source: str, solution_str: str, ground_truth: str,
+                  extra_info: dict[str, Any]) -> float | dict[str, Any]:
     """Dispatch to the built-in scorer of `data_source` (verl's `default_compute_score`)."""
     return resolve_reward_fn(data_source)(data_source, solution_str, ground_truth, extra_info)
 

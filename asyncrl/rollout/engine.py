@@ -1,4 +1,5 @@
-"""TorchEngine: a continuous-batching rollout engine for HF Llama/Qwen2 models in plain torch.
+"""TorchEngine: a continuous-batching rollout engine for HF Llama/Qwen2 models in plain torch,
+registered as `rollout.engine=torch` (it implements `asyncrl.roles.Engine`).
 
 Threading model::
 
@@ -17,9 +18,9 @@ Semantics callers rely on:
 - `generate` resolves as soon as its sequence finishes ("stop" on EOS/stop token, "length" at
   `max_tokens`, counting a continuation prefix), or when it is aborted: then it resolves to the
   same partial `Trajectory` (finish_reason "aborted") that `abort`/`abort_all` return.
-- `await pause()` returns once no step is in flight; requests keep their state and new ones
-  queue. `await resume()` continues. Tokens sampled after `load_weights(.., version)` carry
-  `version`.
+- `await pause()` (mode "keep") returns once no step is in flight; requests keep their state
+  and new ones queue. `pause("abort")` also aborts every request and returns the partials.
+  `await resume()` continues. Tokens sampled after `load_weights(.., version)` carry `version`.
 - An engine is bound to one event loop at a time; after that loop ends (e.g. `asyncio.run`
   returns) the next `generate` from a new loop restarts it, with nothing left in flight.
 - Call `generate`/`abort`/`pause`/`resume`/`stats` from the event-loop thread only.
@@ -40,9 +41,11 @@ import torch
 from torch import nn
 
 from asyncrl.errors import ConfigError, RolloutError
+from asyncrl.roles import PauseMode
 from asyncrl.rollout.runner import StepRunner
 from asyncrl.rollout.scheduler import Scheduler, StepPlan, StepResult
 from asyncrl.rollout.sequence import Sequence
+from asyncrl.sync.tensors import checksum, export_named
 from asyncrl.types import EngineStats, GenerationRequest, Trajectory
 
 _RATE_WINDOW_S = 10.0
@@ -96,15 +99,6 @@ class TorchEngine:
     def version(self) -> int:
         return self._runner.version
 
-    @property
-    def model(self) -> nn.Module:
-        """The engine's own copy of the policy (for checksums; load weights via load_weights)."""
-        return self._runner.model
-
-    @property
-    def is_paused(self) -> bool:
-        return self._paused
-
     async def generate(self, request: GenerationRequest) -> Trajectory:
         """One response for `request`; many calls may be in flight at once."""
         self._validate(request)
@@ -128,37 +122,39 @@ class TorchEngine:
         """All responses, in request order (convenience for sync callers via asyncio.run)."""
         return list(await asyncio.gather(*(self.generate(r) for r in requests)))
 
-    def abort(self, request_ids: Iterable[str]) -> list[Trajectory]:
+    async def abort(self, request_ids: Iterable[str]) -> list[Trajectory]:
         """Stop these requests; returns their partial trajectories (unknown ids are skipped).
 
         Each one's pending `generate` resolves to the same trajectory, finish_reason "aborted".
         A token being computed by the step in flight is discarded.
         """
-        partials = [self._abort_seq(self._seqs[rid]) for rid in request_ids if rid in self._seqs]
-        if self._idle.is_set():
-            self._scheduler.sweep()
-        self._wakeup.set()
-        return partials
+        return self._abort(request_ids)
 
-    def abort_all(self) -> list[Trajectory]:
-        return self.abort(list(self._seqs))
+    async def abort_all(self) -> list[Trajectory]:
+        return self._abort(list(self._seqs))
 
-    async def pause(self) -> None:
-        """Stop stepping; returns once the step in flight (if any) has been applied."""
+    async def pause(self, mode: PauseMode = "keep") -> list[Trajectory]:
+        """Stop stepping; returns once the step in flight (if any) has been applied. "abort"
+        first aborts every request (their partials are returned)."""
         self._paused = True
+        partials = self._abort(list(self._seqs)) if mode == "abort" else []
         await self._idle.wait()
+        return partials
 
     async def resume(self) -> None:
         self._paused = False
         self._wakeup.set()
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy `named_tensors` into the model in place and set the version, between steps.
 
-        Safe from any thread (it waits for the step in flight); pause first for a clean cut.
-        On a `SyncError` midway the model is partly updated and the version is unchanged.
+        The copy runs off the event loop (it waits for the step in flight); pause first for a
+        clean cut. On a `SyncError` midway the model is partly updated and the version unchanged.
         """
-        self._runner.load_weights(named_tensors, version)
+        await asyncio.to_thread(self._runner.load_weights, named_tensors, version)
+
+    def weights_checksum(self) -> str:
+        return checksum(export_named(self._runner.model))
 
     def stats(self) -> EngineStats:
         running = sum(1 for s in self._scheduler.running if s.finish_reason is None)
@@ -178,7 +174,7 @@ class TorchEngine:
         if self._closed:
             return
         self._closed = True
-        self.abort_all()
+        self._abort(list(self._seqs))
         if self._task is not None and not self._task.done():
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -191,15 +187,23 @@ class TorchEngine:
         if self._closed:
             return
         self._closed = True
-        if self._loop is not None and not self._loop.is_closed():
-            self.abort_all()
-        if self._task is not None and not self._task.done() and not self._loop.is_closed():
+        loop_open = self._loop is not None and not self._loop.is_closed()
+        if loop_open:
+            self._abort(list(self._seqs))
+        if self._task is not None and not self._task.done() and loop_open:
             self._task.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         self._runner.release_cache()
 
     # ---- request handling ----
+
+    def _abort(self, request_ids: Iterable[str]) -> list[Trajectory]:
+        partials = [self._abort_seq(self._seqs[rid]) for rid in request_ids if rid in self._seqs]
+        if self._idle.is_set():
+            self._scheduler.sweep()
+        self._wakeup.set()
+        return partials
 
     def _validate(self, request: GenerationRequest) -> None:
         if self._closed:
@@ -251,7 +255,7 @@ class TorchEngine:
         alive = self._task is not None and not self._task.done()
         if alive and self._loop is loop:
             return loop
-        if alive and not self._loop.is_closed():
+        if alive and self._loop is not None and not self._loop.is_closed():
             raise RolloutError("TorchEngine is bound to another running event loop")
         self._forget_in_flight()  # anything left belongs to a loop that is gone
         if self._executor is None:
@@ -309,6 +313,7 @@ class TorchEngine:
     def _apply(self, plan: StepPlan, result: StepResult) -> None:
         appended = sum(1 for s in plan.seqs if s.finish_reason is None)
         for seq in self._scheduler.apply(plan, result):
+            assert seq.finish_reason is not None, "the scheduler returns finished sequences only"
             self._resolve(seq, seq.to_trajectory(seq.finish_reason))
         self._generated_tokens += appended
         now = time.perf_counter()

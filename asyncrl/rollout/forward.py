@@ -11,6 +11,8 @@ MLPs, q/k norms (Qwen3). No prefix caching: a prefill always starts at position 
 
 from __future__ import annotations
 
+from typing import Any, Protocol, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,6 +21,45 @@ from asyncrl.errors import RolloutError
 from asyncrl.rollout.kv_cache import SlotKVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+# The parts of an HF Llama / Qwen2 causal LM used here. nn.Module types every submodule attribute
+# as `Tensor | Module`, so a model that passed `check_supported` is cast to these once.
+class _RMSNorm(Protocol):
+    weight: torch.Tensor
+    variance_epsilon: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class _Attention(Protocol):
+    q_proj: nn.Module
+    k_proj: nn.Module
+    v_proj: nn.Module
+    o_proj: nn.Module
+    scaling: float
+
+
+class _DecoderLayer(Protocol):
+    self_attn: _Attention
+    mlp: nn.Module
+    input_layernorm: _RMSNorm
+    post_attention_layernorm: _RMSNorm
+
+
+class _Body(Protocol):
+    """LlamaModel / Qwen2Model."""
+
+    embed_tokens: nn.Embedding
+    rotary_emb: nn.Module
+    norm: _RMSNorm
+    layers: nn.ModuleList
+
+
+class _CausalLM(Protocol):
+    config: Any  # a PretrainedConfig: its per-architecture fields are set at runtime
+    model: _Body
+    lm_head: nn.Module
 
 
 def check_supported(model: nn.Module) -> None:
@@ -33,9 +74,10 @@ def check_supported(model: nn.Module) -> None:
     layer_types = getattr(config, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
         raise RolloutError(f"TorchEngine does not support sliding-window layers: {layer_types}")
-    if getattr(config, "hidden_act", "silu") != "silu":
-        raise RolloutError(f"TorchEngine supports hidden_act='silu' only, got {config.hidden_act!r}")
-    attn = model.model.layers[0].self_attn
+    hidden_act = getattr(config, "hidden_act", "silu")
+    if hidden_act != "silu":
+        raise RolloutError(f"TorchEngine supports hidden_act='silu' only, got {hidden_act!r}")
+    attn = cast(_CausalLM, model).model.layers[0].self_attn
     if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
         raise RolloutError("TorchEngine does not support q/k norms (Qwen3-style attention)")
 
@@ -45,7 +87,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _rms_norm(norm: _RMSNorm, x: torch.Tensor) -> torch.Tensor:
     """The HF RMSNorm; in float32 as one fused call (bit-identical there, far fewer ops)."""
     if x.dtype != torch.float32:
         return norm(x)
@@ -69,16 +111,17 @@ class BatchedForward:
 
     def __init__(self, model: nn.Module) -> None:
         check_supported(model)
-        config = model.config
-        self.base = model.model
-        self.lm_head = model.lm_head
-        self.layers = list(self.base.layers)
-        self.num_heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        lm = cast(_CausalLM, model)
+        config = lm.config
+        self.base = lm.model
+        self.lm_head = lm.lm_head
+        self.layers = cast("list[_DecoderLayer]", list(self.base.layers))
+        self.num_heads: int = config.num_attention_heads
+        self.kv_heads: int = config.num_key_value_heads
+        self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.groups = self.num_heads // self.kv_heads
         self.scaling = float(self.layers[0].self_attn.scaling)
-        self.vocab_size = config.vocab_size
+        self.vocab_size: int = config.vocab_size
 
     def new_cache(self, max_slots: int, device: torch.device | str) -> SlotKVCache:
         dtype = self.base.embed_tokens.weight.dtype
@@ -88,7 +131,7 @@ class BatchedForward:
         )
 
     def _qkv(
-        self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, layer: _DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Projections plus rotary; returns q (B,T,H,D), k and v (B,T,Hkv,D)."""
         attn = layer.self_attn
@@ -98,7 +141,7 @@ class BatchedForward:
         v = attn.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
         return _rope(q, cos, sin), _rope(k, cos, sin), v
 
-    def _mlp_residual(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    def _mlp_residual(self, layer: _DecoderLayer, h: torch.Tensor) -> torch.Tensor:
         return h + layer.mlp(_rms_norm(layer.post_attention_layernorm, h))
 
     def _logits(self, h_last: torch.Tensor) -> torch.Tensor:

@@ -125,6 +125,7 @@ def sample(
     scaled = logits if bool((temps == 1.0).all()) else logits / temps[:, None]
     logprobs = torch.log_softmax(scaled, dim=-1)  # (B, V)
     if batch.all_greedy:
+        assert greedy_tokens is not None  # all_greedy implies any_greedy (non-empty batch)
         tokens = greedy_tokens
     else:
         probs = logprobs.exp()

@@ -4,7 +4,8 @@
 so each decode step costs `a + b*B + c*context` with context growing by B tokens a step, and
 the time to go from decode position S0 to S1 has a closed form. Events are a request
 finishing, the KV cache filling up (the newest request is preempted and later recomputed, as
-vLLM's recompute preemption does), an arrival, a pause/interrupt, or a version change.
+vLLM's recompute preemption does), an arrival, a pause/interrupt, an abort of selected
+responses (they leave with the tokens they have), or a version change.
 Millions of responses therefore cost a few heap operations each, not one Python step per token.
 
 `SimEngine` puts the model on the event loop: it looks ahead on a copy to the next moment a
@@ -36,8 +37,9 @@ class GroupSpec:
         self.group, self.prompt_len, self.max_tokens, self.submitted = group, prompt_len, max_tokens, submitted
 
 
-Finished = tuple[int, Runs, float]
-"""One response: (its length in tokens, its version runs, the time it finished)."""
+Finished = tuple[int, Runs, float, int, bool]
+"""One response: (its length in tokens, its version runs, the time it finished or was aborted,
+its index in the group, whether it was aborted)."""
 
 
 def extend_runs(runs: Runs, version: int, tokens: int) -> Runs:
@@ -49,9 +51,10 @@ def extend_runs(runs: Runs, version: int, tokens: int) -> Runs:
 
 
 # One running response: (finish position, admission order, its group, its length, base position,
-# runs before this segment, tokens before this segment). Tokens generated at position S: S - base.
-Running = tuple[float, int, GroupSpec, int, float, Runs, int]
-Waiting = tuple[GroupSpec, int, Runs, int]
+# runs before this segment, tokens before this segment, its index in the group).
+# Tokens generated at position S: S - base.
+Running = tuple[float, int, GroupSpec, int, float, Runs, int, int]
+Waiting = tuple[GroupSpec, int, Runs, int, int]
 
 
 class EngineModel:
@@ -93,7 +96,7 @@ class EngineModel:
 
     def submit(self, spec: GroupSpec, lengths: list[int]) -> None:
         """A group of responses with these lengths (tokens) joins the queue."""
-        self.waiting.extend([(spec, n, (), 0) for n in lengths])
+        self.waiting.extend([(spec, n, (), 0, i) for i, n in enumerate(lengths)])
         self.remaining[spec.group] = self.remaining.get(spec.group, 0) + len(lengths)
 
     def advance(self, until: float, stop_after_group: bool = False) -> list[tuple[int, tuple[Finished, ...]]]:
@@ -142,14 +145,14 @@ class EngineModel:
         running, waiting, S = self.running, self.waiting, self.S
         context, tokens = self.context_tokens(), 0
         while waiting and len(running) < self.max_seqs:
-            spec, target, runs, done = waiting[0]
+            spec, target, runs, done, index = waiting[0]
             need = spec.prompt_len + done
             if running and context + need > self.admit_limit:
                 break
             waiting.popleft()
             base = S - done
             self._order += 1
-            heapq.heappush(running, (base + target, self._order, spec, target, base, runs, done))
+            heapq.heappush(running, (base + target, self._order, spec, target, base, runs, done, index))
             self.prompt_sum += spec.prompt_len
             self.base_sum += base
             context += need
@@ -158,12 +161,12 @@ class EngineModel:
 
     def _remove(self, entry: Running) -> Waiting:
         """Take `entry` out of the batch: its waiting entry, including this segment's tokens."""
-        _, _, spec, target, base, runs, done = entry
+        _, _, spec, target, base, runs, done, index = entry
         self.prompt_sum -= spec.prompt_len
         self.base_sum -= base
         total = min(int(self.S - base + 1e-6), target)
         self.generated += max(total - done, 0)
-        return spec, target, extend_runs(runs, self.version, total - done), max(total, done)
+        return spec, target, extend_runs(runs, self.version, total - done), max(total, done), index
 
     def _complete(self) -> list[tuple[int, tuple[Finished, ...]]]:
         """Every request whose last token is at the current position leaves the batch."""
@@ -173,12 +176,12 @@ class EngineModel:
         limit, version, now = self.S + 1e-9, self.version, self.t
         prompt_sum, base_sum, generated = self.prompt_sum, self.base_sum, self.generated
         while running and running[0][0] <= limit:
-            _, _, spec, target, base, runs, done = heapq.heappop(running)
+            _, _, spec, target, base, runs, done, index = heapq.heappop(running)
             prompt_sum -= spec.prompt_len
             base_sum -= base
             made = target - done
             generated += made
-            entry = (target, extend_runs(runs, version, made) if runs else ((version, made),), now)
+            entry = (target, extend_runs(runs, version, made) if runs else ((version, made),), now, index, False)
             g = spec.group
             done_by_group[g] = (*done_by_group[g], entry) if g in done_by_group else (entry,)
             left = remaining[g] - 1
@@ -213,11 +216,33 @@ class EngineModel:
         """New weights: tokens from here on carry `version`; running segments are closed."""
         entries, self.running = self.running, []
         for entry in entries:
-            _, _, runs, done = self._remove(entry)
+            _, _, runs, done, index = self._remove(entry)
             self.prompt_sum += entry[2].prompt_len
             self.base_sum += entry[4]
-            heapq.heappush(self.running, (*entry[:5], runs, done))
+            heapq.heappush(self.running, (*entry[:5], runs, done, index))
         self.version = version
+
+    def abort(self, group: int, indices: set[int]) -> tuple[list[Finished], list[tuple[int, tuple[Finished, ...]]]]:
+        """Stop these responses of `group` where they are (running or waiting): their partials,
+        and the group if that completed it (its other responses had finished)."""
+        hit = [e for e in self.running if e[2].group == group and e[7] in indices]
+        if hit:
+            self.running = [e for e in self.running if not (e[2].group == group and e[7] in indices)]
+            heapq.heapify(self.running)
+        stopped = [self._remove(e) for e in hit]
+        queued = [w for w in self.waiting if w[0].group == group and w[4] in indices]
+        if queued:
+            self.waiting = deque(w for w in self.waiting if not (w[0].group == group and w[4] in indices))
+        partials: list[Finished] = [(done, runs, self.t, index, True)
+                                    for _, _, runs, done, index in [*stopped, *queued]]
+        if not partials:
+            return [], []
+        self.done[group] = (*self.done.get(group, ()), *partials)
+        self.remaining[group] -= len(partials)
+        if self.remaining[group]:
+            return partials, []
+        del self.remaining[group]
+        return partials, [(group, self.done.pop(group))]
 
 
 class SimEngine:
@@ -260,6 +285,14 @@ class SimEngine:
         self.catch_up()
         self.model.set_version(version)
         self._request_replan()
+
+    def abort(self, group: int, indices: set[int]) -> list[Finished]:
+        """Stop these responses of `group` now; its `generate` resolves once none is left."""
+        self.catch_up()
+        partials, completed = self.model.abort(group, indices)
+        self._resolve(completed)
+        self._request_replan()
+        return partials
 
     def _request_replan(self) -> None:
         if not self._replan_pending:

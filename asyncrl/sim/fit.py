@@ -14,10 +14,12 @@ physical numbers (FLOP/s, bandwidth, memory, model shape) and the structural cos
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from asyncrl.config_schema import Config
 from asyncrl.errors import ConfigError
@@ -107,8 +109,8 @@ def fit_scaling(targets: Sequence[tuple[Config, dict[str, float]]], profile: Pro
     in log error, each followed by a refit of the phase efficiencies)."""
     for knob, phase in (("tp_efficiency", "gen"), ("dp_efficiency", "update_actor")):
         grid = [0.4 + 0.05 * i for i in range(13)]
-        best = min(grid, key=lambda v, k=knob, ph=phase, pr=profile: _scaling_error(targets, pr, k, ph, v))
-        profile = dataclasses.replace(profile, **{knob: best})
+        best = min(grid, key=functools.partial(_scaling_error, targets, profile, knob, phase))
+        profile = _with_knob(profile, knob, best)
         log(f"fit {knob} = {best:.2f}")
     return fit_profile(targets, profile, rounds=3, log=log)
 
@@ -116,10 +118,16 @@ def fit_scaling(targets: Sequence[tuple[Config, dict[str, float]]], profile: Pro
 def _scaling_error(targets: Sequence[tuple[Config, dict[str, float]]], profile: Profile, knob: str,
                    phase: str, value: float) -> float:
     """Squared log error of `phase` over the targets with `knob` = value (phase efficiency refitted)."""
-    trial = fit_profile(targets, dataclasses.replace(profile, **{knob: value}), rounds=2, log=lambda _: None,
+    trial = fit_profile(targets, _with_knob(profile, knob, value), rounds=2, log=lambda _: None,
                         phases=(phase,))
     sims = [simulated_phases(cfg, trial) for cfg, _ in targets]
     return sum(math.log(s[phase] / m[phase]) ** 2 for (_, m), s in zip(targets, sims) if m.get(phase))
+
+
+def _with_knob(profile: Profile, knob: str, value: float) -> Profile:
+    """`profile` with the float field named `knob` set to `value`."""
+    changes: dict[str, Any] = {knob: value}
+    return dataclasses.replace(profile, **changes)
 
 
 def fit_from_run(cfg: Config, metrics_path: Path, out: Path, log: Callable[[str], None] = print) -> Profile:

@@ -1,45 +1,34 @@
-"""Modelled workers with the real workers' methods: the simulator's rollout server, trainer,
-weight transport, and the handle that calls them on the virtual-clock loop.
+"""Modelled workers playing the real roles (`asyncrl.roles`): the simulator's rollout server,
+trainer and weight transport, called directly on the virtual-clock loop.
 
 Each method does what the real one does to the run's state (versions, counts, groups,
 metrics) and `await`s the modelled time of its work instead of doing it. Token ids and
 log-probs are not modelled: a response carries `RunLength` placeholders of the right length
-and its per-token versions as runs.
+and its per-token versions as runs. `mypy` checks both classes against their protocols
+(`asyncrl.sim.substrate` assigns them to `RolloutSide` / `TrainerSide`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from asyncrl.config_schema import Config
+from asyncrl.roles import PauseMode, WeightSink
+from asyncrl.scheduling.batching import num_mini_batches
 from asyncrl.sim import costs
 from asyncrl.sim.engine import EngineModel, Finished, GroupSpec, SimEngine
 from asyncrl.sim.profile import Profile
 from asyncrl.sim.workload import Workload
 from asyncrl.sync.tensors import WeightMeta
 from asyncrl.telemetry.metrics import timer
-from asyncrl.types import Group, Mode, PromptRow, RunLength, Trajectory
-from asyncrl.workers.validation import summarise
-
-
-class SimHandle:
-    """A worker handle for modelled workers: every call runs on the loop, no threads."""
-
-    def __init__(self, name: str, obj: Any) -> None:
-        self.name, self.obj = name, obj
-
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        result = getattr(self.obj, method)(*args, **kwargs)
-        return await result if isinstance(result, Coroutine) else result
-
-    def close(self) -> None:
-        pass
+from asyncrl.types import FinishReason, Group, Mode, PromptRow, RunLength, Trajectory
 
 
 class SimRolloutServer:
@@ -53,6 +42,7 @@ class SimRolloutServer:
         self.engine = SimEngine(model)
         self.partial_continuations = 0
         self._groups = 0
+        self._in_flight: dict[str, GroupSpec] = {}  # uid -> its group, for `abort`
         self._reward_s = profile.reward_s / max(cfg.reward.num_workers, 1)
 
     @property
@@ -64,10 +54,17 @@ class SimRolloutServer:
         self._groups += 1
         spec = GroupSpec(self._groups, len(row.prompt_ids), self.cfg.data.max_response_length,
                          asyncio.get_running_loop().time())
-        finished = await self.engine.generate(spec, self.workload.response_lengths(row, self.version, n))
-        group = Group(uid=uid, row=row, trajectories=[_trajectory(f, spec, f"{uid}/{i}", row)
-                                                      for i, f in enumerate(finished)])
-        return (await self.score([group]))[0] if score else group
+        self._in_flight[uid] = spec
+        try:
+            finished = await self.engine.generate(spec, self.workload.response_lengths(row, self.version, n))
+        finally:
+            del self._in_flight[uid]
+        trajectories = [_trajectory(f, spec, f"{uid}/{f[3]}", row) for f in sorted(finished, key=lambda f: f[3])]
+        group = Group(uid=uid, row=row, trajectories=trajectories)
+        done = [t for t in trajectories if t.finish_reason != "aborted"]
+        if score and done:
+            await self.score([Group(uid=uid, row=row, trajectories=done)])
+        return group
 
     async def score(self, groups: list[Group]) -> list[Group]:
         trajectories = [t for g in groups for t in g.trajectories]
@@ -79,29 +76,36 @@ class SimRolloutServer:
             t.timings["reward_start"], t.timings["reward_end"] = start, end
         return groups
 
-    async def pause(self, interrupt: bool = False) -> None:
-        self.partial_continuations += self.engine.pause(interrupt)
+    async def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
+        """Stop these responses (`{uid}/{i}`) where they are; ids not in flight here are skipped."""
+        by_uid: dict[str, set[int]] = {}
+        for rid in request_ids:
+            uid, _, index = rid.rpartition("/")
+            if uid in self._in_flight and index.isdigit():
+                by_uid.setdefault(uid, set()).add(int(index))
+        partials = []
+        for uid, indices in by_uid.items():
+            spec = self._in_flight[uid]
+            partials += [_trajectory(f, spec, f"{uid}/{f[3]}", None) for f in self.engine.abort(spec.group, indices)]
+        return partials
+
+    async def pause(self, mode: PauseMode = "keep") -> None:
+        self.partial_continuations += self.engine.pause(mode == "abort")
 
     async def resume(self) -> None:
         self.engine.resume()
 
-    def load_weights(self, named_tensors: Any, version: int) -> None:
+    async def load_weights(self, named_tensors: Any, version: int) -> None:
         self.engine.set_version(version)
 
-    def weights_checksum(self) -> str:
+    async def receive_weights(self, group_name: str, meta: Sequence[WeightMeta], version: int,
+                              bucket_mb: float) -> None:
+        self.engine.set_version(version)  # the transfer's time is the trainer's broadcast
+
+    async def weights_checksum(self) -> str:
         return f"v{self.version}"
 
-    def get_version(self) -> int:
-        return self.version
-
-    async def validate(self, rows: list[PromptRow], k: int, tag: str) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        with timer("testing", metrics):
-            groups = await asyncio.gather(*(self.generate_scored(r, k, f"{r.uid}@val{tag}", "val")
-                                            for r in rows))
-        return metrics | summarise(list(groups), k)
-
-    def stats(self) -> dict[str, float]:
+    async def stats(self) -> dict[str, float]:
         m = self.engine.model
         return {"rollouter/running": len(m.running), "rollouter/waiting": len(m.waiting),
                 "rollouter/preemptions": m.preemptions, "sim/generated_tokens": m.generated,
@@ -119,17 +123,18 @@ def _placeholders(runs: tuple[tuple[int, int], ...]) -> tuple[RunLength[int], Ru
     return RunLength(((0, n),), n), RunLength(((0.0, n),), n), RunLength(runs, n)
 
 
-def _trajectory(f: Finished, spec: GroupSpec, request_id: str, row: PromptRow) -> Trajectory:
-    n, runs, end = f
+def _trajectory(f: Finished, spec: GroupSpec, request_id: str, row: PromptRow | None) -> Trajectory:
+    n, runs, end, _, aborted = f
     shared = _PLACEHOLDERS.get(runs)
     if shared is None:
         if len(_PLACEHOLDERS) >= _MAX_PLACEHOLDERS:
             _PLACEHOLDERS.clear()
         shared = _PLACEHOLDERS[runs] = _placeholders(runs)
     ids, logprobs, versions = shared
-    return Trajectory(request_id, row.prompt_ids, ids, logprobs, versions,  # positional: the fast path
-                      "length" if n >= spec.max_tokens else "stop", 0.0, {}, "",
-                      {"gen_start": spec.submitted, "gen_end": end})
+    reason: FinishReason = "aborted" if aborted else "length" if n >= spec.max_tokens else "stop"
+    prompt = row.prompt_ids if row is not None else RunLength(((0, spec.prompt_len),))
+    return Trajectory(request_id, prompt, ids, logprobs, versions, reason,  # positional: the fast path
+                      0.0, {}, "aborted" if aborted else "", {"gen_start": spec.submitted, "gen_end": end})
 
 
 class SimTrainer:
@@ -140,12 +145,13 @@ class SimTrainer:
         self.old_log_prob_source = old_log_prob_source
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
-        self.version = 0
+        self.updates = 0
 
-    async def train_groups(self, groups: Sequence[Group], num_mini_batches: int) -> dict[str, float]:
+    async def train_groups(self, groups: Sequence[Group]) -> dict[str, float]:
         p, micro = self.profile, self.cfg.actor.ppo_micro_batch_tokens
         lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories])
-        minis = [m for m in np.array_split(lengths, max(num_mini_batches, 1)) if len(m)]
+        count = num_mini_batches(len(groups), self.cfg.actor.ppo_mini_batch_size)
+        minis = [m for m in np.array_split(lengths, count) if len(m)]
         metrics: dict[str, float] = {}
         if self.old_log_prob_source != "rollout":
             await self._stage("old_log_prob", costs.logprob_seconds(p, lengths, self.devices, micro), metrics)
@@ -159,7 +165,7 @@ class SimTrainer:
                 p, minis, self.devices, micro, self.cfg.critic.ppo_epochs), metrics)
         await self._stage("update_actor", costs.update_seconds(
             p, minis, self.devices, micro, self.cfg.actor.ppo_epochs), metrics)
-        self.version += 1
+        self.updates += 1
         metrics["sim/train_tokens"] = float(lengths.sum())
         return metrics
 
@@ -167,29 +173,33 @@ class SimTrainer:
         with timer(name, metrics):
             await asyncio.sleep(seconds)
 
-    def get_version(self) -> int:
-        return self.version
-
-    def weight_meta(self) -> list[WeightMeta]:
+    async def weight_meta(self) -> list[WeightMeta]:
         dtype = "bfloat16" if self.profile.bytes_per_param == 2 else "float32"
         return [("model", (int(self.profile.params_b * 1e9),), dtype)]
 
-    def weights_checksum(self) -> str:
-        return f"v{self.version}"
+    async def export_weights(self) -> dict[str, torch.Tensor]:
+        return {}  # no tensors are modelled; `SimTransport` charges the transfer's time
+
+    async def broadcast_weights(self, group_name: str, bucket_mb: float) -> int:
+        await asyncio.sleep(costs.sync_seconds(self.profile))
+        return int(self.profile.params_b * 1e9 * self.profile.bytes_per_param)
+
+    async def weights_checksum(self) -> str:
+        return f"u{self.updates}"
 
     async def save(self, path: Path) -> None:
         await asyncio.sleep(costs.checkpoint_seconds(self.profile))
         path.mkdir(parents=True, exist_ok=True)
-        (path / "sim_trainer.json").write_text(json.dumps({"version": self.version}))
+        (path / "sim_trainer.json").write_text(json.dumps({"updates": self.updates}))
 
-    def load(self, path: Path) -> None:
-        self.version = json.loads((path / "sim_trainer.json").read_text())["version"]
+    async def load(self, path: Path) -> None:
+        self.updates = json.loads((path / "sim_trainer.json").read_text())["updates"]
 
 
 class SimTransport:
     """Weight transfer as modelled time: every engine gets the version after `sync_seconds`."""
 
-    def __init__(self, rollouts: Sequence[SimHandle], seconds: float) -> None:
+    def __init__(self, rollouts: Sequence[WeightSink], seconds: float) -> None:
         self.rollouts, self.seconds = list(rollouts), seconds
 
     async def setup(self, meta: Sequence[WeightMeta]) -> None:
@@ -198,7 +208,7 @@ class SimTransport:
     async def transfer(self, version: int) -> None:
         await asyncio.sleep(self.seconds)
         for r in self.rollouts:
-            await r.call("load_weights", None, version)
+            await r.load_weights({}, version)
 
     async def close(self) -> None:
         pass

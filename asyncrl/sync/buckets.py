@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from asyncrl.errors import SyncError
 from asyncrl.sync.collective import Collective, broadcast, get_collective, same_on_all_ranks
@@ -106,11 +107,12 @@ class BroadcastSender:
         if not self._checked:
             _check_plan(self.group, self.meta, self.bucket_mb)
             self._checked = True
-        pending: list[object | None] = [None, None]
+        pending: list[dist.Work | None] = [None, None]
         for i, bucket in enumerate(self.buckets):
             k = i % 2
-            if pending[k] is not None:
-                pending[k].wait()  # its buffer is about to be refilled
+            previous = pending[k]
+            if previous is not None:
+                previous.wait()  # its buffer is about to be refilled
             pending[k] = broadcast(self.group, self._flat(bucket, named, k))
         for work in pending:
             if work is not None:

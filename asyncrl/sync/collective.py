@@ -58,6 +58,7 @@ def init_collective(group_name: str, rank: int, world_size: int, backend: str,
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0,
                           timeout=timeout)
+    pg: dist.ProcessGroupNCCL | dist.ProcessGroupGloo
     if backend == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
         options = dist.ProcessGroupNCCL.Options()
@@ -93,7 +94,7 @@ def destroy_collective(group_name: str) -> None:
         group.cache.clear()
 
 
-def broadcast(group: Collective, tensor: torch.Tensor, src: int = 0) -> Any:
+def broadcast(group: Collective, tensor: torch.Tensor, src: int = 0) -> dist.Work:
     """Start a broadcast of `tensor` from rank `src`; returns the work handle (`.wait()`)."""
     opts = dist.BroadcastOptions()
     opts.rootRank = src
@@ -106,7 +107,7 @@ def same_on_all_ranks(group: Collective, value: int) -> bool:
     for op in (dist.ReduceOp.MIN, dist.ReduceOp.MAX):
         t = torch.tensor([value], dtype=torch.int64, device=group.device)
         opts = dist.AllreduceOptions()
-        opts.reduceOp = op
+        opts.reduceOp = dist.ReduceOp(op)
         group.pg.allreduce([t], opts).wait()
         out.append(int(t.item()))
     return out[0] == out[1] == value

@@ -1,30 +1,32 @@
 """How weights travel from the trainer worker to the rollout workers: three transports.
 
 - "inprocess": the trainer's `export_weights()` dict is handed to every rollout's
-  `load_weights` (the engine copies). Zero transport cost with local handles; with Ray handles
-  it would relay through the driver, so use it with the local backend.
+  `load_weights` (the engine copies). Zero transport cost in one process; across processes it
+  would relay through the driver, so use it with the local backend.
 - "object_store" (Ray): the trainer's export is put into Ray's object store once, zero-copy
-  (`RayHandle.tensors_ref`), and each rollout actor reads it from there; the driver only holds
-  the reference. One node: shared memory; several nodes: Ray's object transfer.
+  (`RemoteProcess.tensors_ref`), and each rollout actor reads it from there; the driver only
+  holds the reference. One node: shared memory; several nodes: Ray's object transfer.
 - "broadcast" (Ray): a torch.distributed group of trainer (rank 0) + every rollout host,
   gloo on CPU, NCCL on GPU, buckets of ~`bucket_mb` MB planned once from the meta list.
 
-`make_transport` checks that the handles can carry the chosen transport. Not here: pausing,
-verification, timing (see `synchronizer`); the tensor packing itself (`buckets`, `ray_host`).
+Transports call the workers' role methods (`asyncrl.roles.WeightSource` / `WeightSink`); the
+Ray ones also need each worker's process (`RemoteProcess`: run a function there, hand out a
+zero-copy reference), which the substrate passes in. `make_transport` checks that it can.
+Not here: pausing, verification, timing (see `synchronizer`); tensor packing (`buckets`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, cast
 
 from asyncrl.errors import ConfigError
+from asyncrl.roles import WeightSink, WeightSource
 from asyncrl.sync.buckets import DEFAULT_BUCKET_MB
 from asyncrl.sync.collective import DEFAULT_TIMEOUT_S, cuda_available, destroy_collective, free_port, init_collective
 from asyncrl.sync.tensors import WeightMeta
-from asyncrl.workers.group import WorkerHandle
 
 TRANSPORTS = ("inprocess", "object_store", "broadcast")
 
@@ -35,6 +37,20 @@ class Transport(Protocol):
     async def transfer(self, version: int) -> None: ...
 
     async def close(self) -> None: ...
+
+
+class RemoteProcess(Protocol):
+    """A worker's process, as the Ray transports need it (`asyncrl.workers.ray_host.RayHandle`)."""
+
+    async def run(self, fn: Callable[..., Any], /, *args: Any) -> Any:
+        """`fn(*args)` in that process (a module-level function, pickled by reference)."""
+        ...
+
+    async def node_ip(self) -> str: ...
+
+    def tensors_ref(self, method: str, /) -> Any:
+        """Start `method` (returning `dict[str, Tensor]`); its result stays in the object store."""
+        ...
 
 
 def default_transport(backend: str, *, gpus: bool = False) -> str:
@@ -48,30 +64,31 @@ def default_transport(backend: str, *, gpus: bool = False) -> str:
 
 
 class InProcessTransport:
-    def __init__(self, trainer: WorkerHandle, rollouts: Sequence[WorkerHandle]) -> None:
+    def __init__(self, trainer: WeightSource, rollouts: Sequence[WeightSink]) -> None:
         self.trainer, self.rollouts = trainer, list(rollouts)
 
     async def setup(self, meta: Sequence[WeightMeta]) -> None:
         pass
 
     async def transfer(self, version: int) -> None:
-        named = await self.trainer.call("export_weights")
-        await asyncio.gather(*(r.call("load_weights", named, version) for r in self.rollouts))
+        named = await self.trainer.export_weights()
+        await asyncio.gather(*(r.load_weights(named, version) for r in self.rollouts))
 
     async def close(self) -> None:
         pass
 
 
 class ObjectStoreTransport:
-    def __init__(self, trainer: Any, rollouts: Sequence[WorkerHandle]) -> None:
+    def __init__(self, trainer: RemoteProcess, rollouts: Sequence[WeightSink]) -> None:
         self.trainer, self.rollouts = trainer, list(rollouts)
 
     async def setup(self, meta: Sequence[WeightMeta]) -> None:
         pass
 
     async def transfer(self, version: int) -> None:
-        ref = self.trainer.tensors_ref("export_weights")  # top-level arg: Ray resolves it remotely
-        await asyncio.gather(*(r.call("load_weights", ref, version) for r in self.rollouts))
+        # a top-level argument of a remote call: Ray resolves it to the tensors in that process
+        ref = cast(dict[str, Any], self.trainer.tensors_ref("export_weights"))
+        await asyncio.gather(*(r.load_weights(ref, version) for r in self.rollouts))
         del ref  # the object store frees the export once no reference is left
 
     async def close(self) -> None:
@@ -79,12 +96,13 @@ class ObjectStoreTransport:
 
 
 class BroadcastTransport:
-    def __init__(self, trainer: Any, rollouts: Sequence[Any], *,
-                 bucket_mb: float = DEFAULT_BUCKET_MB, backend: str = "auto",
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, trainer: WeightSource, rollouts: Sequence[WeightSink],
+                 processes: Sequence[RemoteProcess], *, bucket_mb: float = DEFAULT_BUCKET_MB,
+                 backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if backend not in ("auto", "gloo", "nccl"):
             raise ConfigError(f"broadcast backend must be auto, gloo or nccl, got {backend!r}")
         self.trainer, self.rollouts = trainer, list(rollouts)
+        self.processes = list(processes)  # trainer first, then the rollouts in order
         self.bucket_mb, self.backend, self.timeout_s = bucket_mb, backend, timeout_s
         self.group_name = f"asyncrl-sync-{uuid.uuid4().hex[:12]}"
         self.meta: list[WeightMeta] = []
@@ -93,11 +111,11 @@ class BroadcastTransport:
     async def setup(self, meta: Sequence[WeightMeta]) -> None:
         """Create the group: trainer = rank 0 (hosts the store), rollout i = rank i + 1."""
         self.meta = list(meta)
+        leader, members = self.processes[0], self.processes
         backend = self.backend
         if backend == "auto":
-            backend = "nccl" if await self.trainer.run(cuda_available) else "gloo"
-        addr, port = await self.trainer.node_ip(), await self.trainer.run(free_port)
-        members = [self.trainer, *self.rollouts]
+            backend = "nccl" if await leader.run(cuda_available) else "gloo"
+        addr, port = await leader.node_ip(), await leader.run(free_port)
         await asyncio.gather(*(
             h.run(init_collective, self.group_name, rank, len(members), backend, addr, port,
                   self.timeout_s)
@@ -107,30 +125,29 @@ class BroadcastTransport:
     async def transfer(self, version: int) -> None:
         name, mb = self.group_name, self.bucket_mb
         await asyncio.gather(
-            self.trainer.call("broadcast_weights", name, mb),
-            *(r.call("receive_weights", name, self.meta, version, mb) for r in self.rollouts))
+            self.trainer.broadcast_weights(name, mb),
+            *(r.receive_weights(name, self.meta, version, mb) for r in self.rollouts))
 
     async def close(self) -> None:
         if self._joined:
             self._joined = False
-            members = [self.trainer, *self.rollouts]
-            await asyncio.gather(*(h.run(destroy_collective, self.group_name) for h in members),
+            await asyncio.gather(*(h.run(destroy_collective, self.group_name) for h in self.processes),
                                  return_exceptions=True)
 
 
-def make_transport(name: str, trainer: WorkerHandle, rollouts: Sequence[WorkerHandle], *,
-                   bucket_mb: float = DEFAULT_BUCKET_MB, collective_backend: str = "auto",
-                   timeout_s: float = DEFAULT_TIMEOUT_S) -> Transport:
-    """The transport called `name`, after checking the handles can carry it."""
+def make_transport(name: str, trainer: WeightSource, rollouts: Sequence[WeightSink],
+                   processes: Sequence[RemoteProcess] = (), *, bucket_mb: float = DEFAULT_BUCKET_MB,
+                   collective_backend: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Transport:
+    """The transport called `name`. The Ray ones need `processes`: the trainer's, then each
+    rollout's (`RayHandle`s), in the order of `rollouts`."""
     if name == "inprocess":
         return InProcessTransport(trainer, rollouts)
     if name not in TRANSPORTS:
         raise ConfigError(f"weight sync transport must be one of {TRANSPORTS}, got {name!r}")
-    needs = "tensors_ref" if name == "object_store" else "run"
-    if not all(hasattr(h, needs) for h in [trainer, *rollouts]):
+    if len(processes) != 1 + len(rollouts):
         raise ConfigError(f"weight sync transport {name!r} needs the ray backend; "
                           "use transport 'inprocess' with backend 'local'")
     if name == "object_store":
-        return ObjectStoreTransport(trainer, rollouts)
-    return BroadcastTransport(trainer, rollouts, bucket_mb=bucket_mb,
+        return ObjectStoreTransport(processes[0], rollouts)
+    return BroadcastTransport(trainer, rollouts, processes, bucket_mb=bucket_mb,
                               backend=collective_backend, timeout_s=timeout_s)

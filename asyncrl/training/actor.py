@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,6 +23,9 @@ from asyncrl.algorithms.policy_loss import compute_policy_loss
 from asyncrl.config_schema import ActorConfig
 from asyncrl.training.batch import TrainBatch, mean_over_mini_batches, micro_batches
 from asyncrl.training.optim import make_optimizer, seed_state, set_seed_state
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Ratio-like metrics are averaged over micro-batches by row share; loss-like ones are already
 # shares of the mini-batch aggregate (global counts) and are summed.
@@ -54,7 +58,7 @@ class RefWorker:
 class Actor:
     """Model + AdamW (linear warm-up) + PPO-style update."""
 
-    def __init__(self, model: nn.Module, cfg: ActorConfig, *, temperature: float,
+    def __init__(self, model: PreTrainedModel, cfg: ActorConfig, *, temperature: float,
                  norm_length: int) -> None:
         self.model = model
         self.cfg = cfg
@@ -76,7 +80,7 @@ class Actor:
         assert batch.advantages is not None and batch.old_log_probs is not None
         metrics = mean_over_mini_batches(batch, self.cfg.ppo_epochs, num_mini_batches, self._mini_batch_step)
         self.version += 1
-        return metrics | {"actor/lr": self.scheduler.get_last_lr()[0]}
+        return metrics | {"actor/lr": float(self.scheduler.get_last_lr()[0])}
 
     def _mini_batch_step(self, mini: TrainBatch) -> dict[str, float]:
         self.model.train()
@@ -100,6 +104,7 @@ class Actor:
 
     def _micro_batch_loss(self, mb: TrainBatch, counts: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
+        assert mb.old_log_probs is not None and mb.advantages is not None
         logits = response_logits(self.model, mb)
         log_prob = logprobs_from_logits(logits, mb.responses, self.temperature)
         loss, metrics = compute_policy_loss(
@@ -120,10 +125,6 @@ class Actor:
 
     def _agg(self, values: torch.Tensor, mb: TrainBatch, counts: dict[str, float]) -> torch.Tensor:
         return agg_loss(values, mb.response_mask, self.cfg.loss_agg_mode, norm_length=self.norm_length, **counts)
-
-    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """Detached parameter tensors by name, for weight sync (no copy)."""
-        return [(name, p.detach()) for name, p in self.model.state_dict(keep_vars=False).items()]
 
     def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
 
@@ -42,14 +43,10 @@ class TrainBatch:
     def size(self) -> int:
         return int(self.responses.shape[0])
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.attention_mask.sum())
-
     def select(self, rows: Sequence[int] | torch.Tensor) -> TrainBatch:
         """A sub-batch of the given rows (tensors indexed, lists picked)."""
         idx = torch.as_tensor(rows, dtype=torch.long)
-        out = {}
+        out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, torch.Tensor):

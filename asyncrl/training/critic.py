@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,9 +19,12 @@ from asyncrl.config_schema import CriticConfig
 from asyncrl.training.batch import TrainBatch, mean_over_mini_batches, micro_batches
 from asyncrl.training.optim import make_optimizer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class ValueModel(nn.Module):
-    def __init__(self, causal_lm: nn.Module) -> None:
+    def __init__(self, causal_lm: PreTrainedModel) -> None:
         super().__init__()
         self.body = copy.deepcopy(causal_lm.get_decoder())
         self.head = nn.Linear(causal_lm.config.hidden_size, 1)
@@ -35,7 +39,7 @@ class ValueModel(nn.Module):
 
 
 class Critic:
-    def __init__(self, causal_lm: nn.Module, cfg: CriticConfig, *, micro_batch_tokens: int,
+    def __init__(self, causal_lm: PreTrainedModel, cfg: CriticConfig, *, micro_batch_tokens: int,
                  loss_agg_mode: str) -> None:
         self.model = ValueModel(causal_lm)
         self.cfg = cfg
@@ -60,6 +64,7 @@ class Critic:
         metrics: dict[str, float] = defaultdict(float)
         for mb in micro_batches(mini, self.micro_batch_tokens):
             weight = float(mb.response_mask.sum()) / max(total, 1.0)
+            assert mb.values is not None and mb.returns is not None
             loss, m = compute_value_loss(self.model(mb), mb.values, mb.returns, mb.response_mask,
                                          self.cfg.cliprange_value, "token-mean")
             (loss * weight).backward()

@@ -1,7 +1,8 @@
 """Factories that build each side of a run from the config, wherever it runs: in this
-process (colocated, local backend) or inside a Ray actor (the actor builds its own model).
+process (local substrate) or inside a Ray actor (the actor builds its own model).
 
-Each receives the whole config but hands every worker only its own section.
+Each receives the whole config but hands every worker only its own section. Their return
+types are the roles (`asyncrl.roles`), so `mypy` checks the real workers against them.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from asyncrl.config_schema import Config
 from asyncrl.data import load_rows, make_task, tokenize_rows
 from asyncrl.errors import ConfigError
 from asyncrl.models import load_model
-from asyncrl.rollout import TorchEngine
+from asyncrl.roles import RolloutSide, TrainerSide
+from asyncrl.rollout.registry import build_engine
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.critic import Critic
 from asyncrl.types import PromptRow
 from asyncrl.workers.reward import RewardWorker
-from asyncrl.workers.rollout import RolloutWorker
+from asyncrl.workers.rollout import RequestBuilder
+from asyncrl.workers.rollout_server import RolloutServer
 from asyncrl.workers.trainer import PPOTrainer
 
 
@@ -50,22 +53,15 @@ def load_data(cfg: Config, tok: PreTrainedTokenizerBase,
     return train, val
 
 
-def build_rollout_side(cfg: Config, model: PreTrainedModel | None = None,
-                       tok: PreTrainedTokenizerBase | None = None) -> tuple[RolloutWorker, RewardWorker]:
-    """Engines (each with its own copy of the weights) behind a router, and the reward worker."""
+def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | None = None,
+                         tok: PreTrainedTokenizerBase | None = None) -> RolloutSide:
+    """Rollout worker `index`: its engine (`rollout.engine`, own copy of the weights) and rewards."""
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
-    rollout = RolloutWorker(_engines(cfg, model, tok), cfg.rollout,
-                            max_tokens=cfg.data.max_response_length, seed=cfg.seed)
-    return rollout, RewardWorker(tok, cfg.reward)
-
-
-def _engines(cfg: Config, model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[TorchEngine]:
-    r = cfg.rollout
-    return [TorchEngine(copy.deepcopy(model).eval(), eos_token_id=eos_ids(model, tok),
-                        kv_budget_tokens=r.kv_budget_tokens, max_num_seqs=r.max_num_seqs,
-                        device=cfg.trainer.device, seed=cfg.seed + i)
-            for i in range(r.num_engines)]
+    engine = build_engine(cfg.rollout, copy.deepcopy(model).eval(), eos_ids(model, tok),
+                          device=cfg.trainer.device, seed=cfg.seed + index)
+    requests = RequestBuilder(cfg.rollout, max_tokens=cfg.data.max_response_length, seed=cfg.seed)
+    return RolloutServer(engine, requests, RewardWorker(tok, cfg.reward))
 
 
 def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
@@ -76,7 +72,7 @@ def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
 
 
 def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
-                       tok: PreTrainedTokenizerBase | None = None) -> PPOTrainer:
+                       tok: PreTrainedTokenizerBase | None = None, num_threads: int = 0) -> TrainerSide:
     """Actor (+ reference, + critic for gae) around `model`, loaded here when not given."""
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
@@ -90,4 +86,4 @@ def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
     actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature or 1.0,
                   norm_length=cfg.data.max_response_length)
     return PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
-                      old_log_prob_source=old_log_prob_source(cfg))
+                      old_log_prob_source=old_log_prob_source(cfg), num_threads=num_threads)

@@ -1,18 +1,18 @@
-"""The Ray substrate: worker objects hosted in Ray actors, behind the `WorkerHandle` interface.
+"""The Ray substrate's transport: worker objects hosted in Ray actors, reached by method name.
 
-`make_handle(name, factory, *args, backend=...)` is the one constructor pipelines use: for
-backend "local" it returns a `LocalHandle`, for "ray" a `RayHandle` whose worker object is built
-by `factory(*args, **kwargs)` *inside* a Ray actor (`_Host`). The host mirrors `LocalHandle`:
-coroutine methods run on the actor's event loop (many in flight at once), plain methods run one
-at a time on the host's own worker thread, so a long training step never blocks the loop.
+`RayHandle(name, factory, *args)` builds `factory(*args)` *inside* a Ray actor (`_Host`), so the
+actor builds its own model instead of receiving one through pickling; `Proxy(handle)` (see
+`asyncrl.workers.handles`) is what pipelines hold. Role methods are coroutines and run on the
+actor's event loop (many in flight at once); a `@blocking` one runs on the worker's own thread,
+so a long training step never blocks the loop.
 
 Also here: `ResourcePool` (one placement group per pool, one bundle per node) and `init_ray`.
-Ray is imported only in this module and in the Ray weight transports (`asyncrl.sync`).
+Ray is imported only in this module, `asyncrl.substrates.ray_cluster` and the Ray transports.
 
 Failure semantics: an exception raised by a worker method (or by the factory) comes out of
 `await handle.call(...)` as the original exception type, chained to Ray's `RayTaskError`,
-whose message holds the remote traceback. An actor that dies mid-call raises Ray's
-`RayActorError`; nothing hangs on a dead actor.
+whose message holds the remote traceback. An actor that dies mid-call raises `WorkerDied`
+naming the role ("rollout worker 1"); nothing hangs on a dead actor.
 
 Not here: restarts or fault tolerance (a dead worker fails the run), autoscaling, sim workers.
 """
@@ -25,7 +25,6 @@ import inspect
 import os
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -34,8 +33,8 @@ import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from asyncrl.errors import ConfigError
-from asyncrl.workers.group import LocalHandle, WorkerHandle
+from asyncrl.errors import ConfigError, WorkerDied
+from asyncrl.workers.handles import close_worker
 
 MAX_CONCURRENCY = 1000
 """Calls one actor may have in flight (its async generate calls, mostly)."""
@@ -52,9 +51,7 @@ class _Host:
     def __init__(self, factory: Callable[..., Any], args: tuple[Any, ...],
                  kwargs: dict[str, Any], num_threads: int) -> None:
         torch.set_num_threads(num_threads)
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker",
-                                          initializer=torch.set_num_threads,
-                                          initargs=(num_threads,))
+        self._num_threads = num_threads
         self._obj: Any = None
         self._init_error: BaseException | None = None
         try:
@@ -66,11 +63,9 @@ class _Host:
         # Arguments arrive top-level so Ray resolves ObjectRefs among them before the call.
         if self._init_error is not None:
             raise self._init_error
-        fn = getattr(self._obj, method)
-        if inspect.iscoroutinefunction(fn):
-            return await fn(*args, **kwargs)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, functools.partial(fn, *args, **kwargs))
+        torch.set_num_threads(self._num_threads)  # the loop's thread: what @blocking threads inherit
+        result = getattr(self._obj, method)(*args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
 
     async def call_tensors(self, method: str, /, *args: Any, **kwargs: Any) -> _TensorPack:
         return _TensorPack(await self.call(method, *args, **kwargs))
@@ -80,10 +75,8 @@ class _Host:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def shutdown(self) -> None:
-        await asyncio.to_thread(self._thread.shutdown, True, cancel_futures=True)
-        closer = getattr(self._obj, "close", None)
-        if callable(closer):
-            closer()
+        if self._obj is not None:
+            await asyncio.to_thread(close_worker, self._obj)
 
 
 class _TensorPack:
@@ -120,11 +113,16 @@ def _remote_host() -> Any:
 
 
 class RayHandle:
-    """A worker object living in a Ray actor; same `call` semantics as `LocalHandle`."""
+    """A worker object living in a Ray actor, called by method name (`Proxy` wraps it).
 
-    def __init__(self, name: str, factory: Callable[..., Any], *args: Any, num_cpus: int = 1,
-                 num_gpus: float = 0, placement: Placement | None = None, **kwargs: Any) -> None:
-        assert num_cpus >= 1, "a host owns at least one core (torch threads = num_cpus)"
+    `num_cpus` is what Ray reserves, `num_threads` the torch threads the worker uses (default:
+    as many as reserved; colocated workers reserve a share of the cores they take in turn)."""
+
+    def __init__(self, name: str, factory: Callable[..., Any], *args: Any, num_cpus: float = 1,
+                 num_gpus: float = 0, placement: Placement | None = None, num_threads: int | None = None,
+                 **kwargs: Any) -> None:
+        threads = num_threads or int(num_cpus)
+        assert threads >= 1, "a host runs at least one torch thread"
         self.name = name
         options: dict[str, Any] = dict(num_cpus=num_cpus, num_gpus=num_gpus,
                                        max_concurrency=MAX_CONCURRENCY, max_restarts=0)
@@ -132,11 +130,11 @@ class RayHandle:
             pg, bundle = placement
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=bundle)
-        self.actor = _remote_host().options(**options).remote(factory, args, kwargs, num_cpus)
+        self.actor = _remote_host().options(**options).remote(factory, args, kwargs, threads)
         self._closed = False
 
     async def call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
-        return await _await(self.actor.call.remote(method, *args, **kwargs))
+        return await _await(self.actor.call.remote(method, *args, **kwargs), self.name)
 
     def call_ref(self, method: str, /, *args: Any, **kwargs: Any) -> ray.ObjectRef:
         """Start the call and return its ObjectRef unfetched (pass it to another actor's call)."""
@@ -150,7 +148,7 @@ class RayHandle:
 
     async def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run a picklable module-level function inside the worker's process."""
-        return await _await(self.actor.run.remote(fn, *args, **kwargs))
+        return await _await(self.actor.run.remote(fn, *args, **kwargs), self.name)
 
     async def node_ip(self) -> str:
         return await self.run(ray.util.get_node_ip_address)
@@ -172,30 +170,21 @@ class RayHandle:
         ray.kill(self.actor, no_restart=True)
 
 
-async def _await(ref: ray.ObjectRef) -> Any:
-    """Await a remote call; a worker exception comes out as its original type."""
+async def _await(ref: ray.ObjectRef, name: str) -> Any:
+    """Await a remote call; a worker exception comes out as its original type, a dead actor as
+    `WorkerDied` naming the role."""
     try:
         return await ref
     except asyncio.CancelledError:
-        ray.cancel(ref)  # an async actor cancels the coroutine, as LocalHandle would
+        ray.cancel(ref)  # an async actor cancels the coroutine, as an in-process call would be
         raise
+    except ray.exceptions.RayActorError as err:
+        raise WorkerDied(f"{name} died ({type(err).__name__}); see its log above") from err
     except ray.exceptions.RayTaskError as err:
         cause = getattr(err, "cause", None)
         if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
             raise cause from err
         raise
-
-
-def make_handle(name: str, factory: Callable[..., Any], *args: Any, backend: str,
-                num_cpus: int = 1, num_gpus: float = 0, placement: Placement | None = None,
-                **kwargs: Any) -> WorkerHandle:
-    """A handle on `factory(*args, **kwargs)` hosted on `backend` ("local" or "ray")."""
-    if backend == "local":
-        return LocalHandle(name, factory, *args, **kwargs)
-    if backend == "ray":
-        return RayHandle(name, factory, *args, num_cpus=num_cpus, num_gpus=num_gpus,
-                         placement=placement, **kwargs)
-    raise ConfigError(f"backend must be 'local' or 'ray', got {backend!r}")
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None,
@@ -223,9 +212,9 @@ class ResourcePool:
     packed first-fit into bundles by `allocate`.
     """
 
-    def __init__(self, name: str, nnodes: int, cpus_per_node: int, gpus_per_node: int = 0,
+    def __init__(self, name: str, nnodes: int, cpus_per_node: float, gpus_per_node: int = 0,
                  *, timeout_s: float = 120.0) -> None:
-        if nnodes < 1 or cpus_per_node < 1 or gpus_per_node < 0:
+        if nnodes < 1 or cpus_per_node <= 0 or gpus_per_node < 0:
             raise ConfigError(f"resource pool {name!r}: nnodes and cpus per node must be >= 1")
         self.name = name
         bundle: dict[str, float] = {"CPU": cpus_per_node}
@@ -244,16 +233,17 @@ class ResourcePool:
                 f"({strategy}) within {timeout_s:.0f}s; lower {name}.nnodes / n_gpus_per_node"
             ) from err
 
-    def allocate(self, num_cpus: int, num_gpus: float = 0) -> Placement:
+    def allocate(self, num_cpus: float, num_gpus: float = 0) -> Placement:
         """The first bundle with room for a worker of this size; reserves it there."""
         for i, free in enumerate(self._free):
-            if free["CPU"] >= num_cpus and free.get("GPU", 0) >= num_gpus:
+            if free["CPU"] >= num_cpus - 1e-9 and free.get("GPU", 0) >= num_gpus - 1e-9:
                 free["CPU"] -= num_cpus
                 if num_gpus:
                     free["GPU"] -= num_gpus
                 return self.pg, i
         raise ConfigError(f"resource pool {self.name!r} has no room left for "
-                          f"{num_cpus} CPU / {num_gpus} GPU; enlarge the pool")
+                          f"{num_cpus:g} CPU / {num_gpus:g} GPU; give it more "
+                          f"({self.name}.num_cpus / {self.name}.n_gpus_per_node)")
 
     def bundle(self, index: int) -> Placement:
         return self.pg, index

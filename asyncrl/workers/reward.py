@@ -35,7 +35,7 @@ class RewardWorker:
 
     def score(self, rows: Sequence[PromptRow], trajectories: Sequence[Trajectory]) -> None:
         """Set reward, details and status on each trajectory (rows[i] is trajectory i's prompt)."""
-        texts = self.tokenizer.batch_decode([t.response_ids for t in trajectories], skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode([list(t.response_ids) for t in trajectories], skip_special_tokens=True)
         by_source: dict[str, list[int]] = {}
         for i, row in enumerate(rows):
             by_source.setdefault(row.data_source, []).append(i)

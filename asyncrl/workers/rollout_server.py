@@ -1,11 +1,12 @@
-"""The rollout side of a decoupled pipeline: engines + rewards behind one worker handle.
+"""The rollout host (`asyncrl.roles.RolloutSide`): one engine plus the reward worker.
 
 `generate_scored(row, n, uid)` returns a scored group as soon as its n responses finish.
-Around a weight sync, `pause(interrupt=True)` aborts every in-flight request (partial
-rollout): each keeps its tokens, behaviour log-probs and versions, waits for `resume()`, and
-continues from prompt + partial response under the new weights, so one trajectory can span
-versions. `pause(interrupt=False)` only stops stepping at a step boundary. The rollout side
-does not decide when to sync or what to generate; the pipeline does.
+Around a weight sync, `pause("abort")` interrupts every request in flight (partial rollout):
+each keeps its tokens, behaviour log-probs and versions, waits for `resume()`, and continues
+from prompt + partial response under the new weights, so one trajectory can span versions.
+`pause("keep")` only stops stepping at a step boundary. `abort(ids)` stops requests for good
+(tail batching's extra responses): they come back in their group as finish_reason "aborted",
+unscored. The host does not decide when to sync or what to generate; the pipeline does.
 """
 
 from __future__ import annotations
@@ -14,43 +15,58 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-from asyncrl.config_schema import Config
-from asyncrl.sync import WeightMeta, as_pairs, checksum, export_named, recv_weights
+from asyncrl.roles import Engine, PauseMode
+from asyncrl.sync import WeightMeta, as_pairs, recv_weights
 from asyncrl.sync.tensors import NamedTensors
 from asyncrl.telemetry import clock
-from asyncrl.types import GenerationRequest, Group, PromptRow, Trajectory
+from asyncrl.types import GenerationRequest, Group, Mode, PromptRow, Trajectory
 from asyncrl.workers.reward import RewardWorker
-from asyncrl.workers.rollout import Mode, RolloutWorker
-from asyncrl.workers.validation import validate
+from asyncrl.workers.rollout import RequestBuilder
 
 
 class RolloutServer:
-    def __init__(self, rollout: RolloutWorker, reward: RewardWorker) -> None:
-        self.rollout = rollout
+    def __init__(self, engine: Engine, requests: RequestBuilder, reward: RewardWorker) -> None:
+        self.engine = engine
+        self.requests = requests
         self.reward = reward
         self._resumed = asyncio.Event()
         self._resumed.set()
+        self._live: set[str] = set()
+        """Request ids inside `engine.generate` right now."""
         self._interrupted: set[str] = set()
+        """Ids a pause aborted: they continue after `resume` (unless `abort`ed meanwhile)."""
+        self._parked: dict[str, Trajectory] = {}
+        """Interrupted requests waiting for `resume`, with their partial trajectories."""
         self.partial_continuations = 0
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
                               score: bool = True) -> Group:
         """The group of n responses to `row`, scored as soon as the last one finishes."""
-        requests = [self.rollout.request(row, f"{uid}/{i}", mode) for i in range(n)]
-        trajectories = await asyncio.gather(*(self._timed_sample(r) for r in requests))
+        trajectories = await asyncio.gather(*(self._timed_sample(r) for r in self.requests.group(row, n, uid, mode)))
         group = Group(uid=uid, row=row, trajectories=list(trajectories))
-        return (await self.score([group]))[0] if score else group
+        finished = [t for t in group.trajectories if t.finish_reason != "aborted"]
+        for t in group.trajectories:
+            if t.finish_reason == "aborted":
+                t.reward_status = "aborted"
+        if score and finished:
+            await self.score([Group(uid=uid, row=row, trajectories=finished)])
+        return group
 
     async def score(self, groups: list[Group]) -> list[Group]:
-        """Rewards in a worker thread, so the engines keep stepping meanwhile."""
+        """Rewards in a worker thread, so the engine keeps stepping meanwhile."""
         start = clock.now()
         await asyncio.to_thread(self.reward.score_groups, groups)
         end = clock.now()
         for t in (t for g in groups for t in g.trajectories):
             t.timings |= {"reward_start": start, "reward_end": end}
         return groups
+
+    async def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
+        """Stop these requests for good; their partial trajectories (ids not here are skipped)."""
+        ids = list(request_ids)
+        self._interrupted.difference_update(ids)
+        parked = [self._parked.pop(i) for i in ids if i in self._parked]
+        return parked + await self.engine.abort(ids)
 
     async def _timed_sample(self, request: GenerationRequest) -> Trajectory:
         start = clock.now()
@@ -60,51 +76,55 @@ class RolloutServer:
 
     async def _sample(self, request: GenerationRequest) -> Trajectory:
         """One response, continued across interrupting syncs."""
+        rid = request.request_id
         while True:
-            traj = await self.rollout.generate(request)
-            if traj.finish_reason != "aborted" or request.request_id not in self._interrupted:
+            self._live.add(rid)
+            try:
+                traj = await self.engine.generate(request)
+            finally:
+                self._live.discard(rid)
+            if traj.finish_reason != "aborted" or rid not in self._interrupted:
                 return traj
-            self._interrupted.discard(request.request_id)
+            self._interrupted.discard(rid)
+            self._parked[rid] = traj
             await self._resumed.wait()
+            if self._parked.pop(rid, None) is None:  # aborted for good while parked
+                return traj
             request = continuation(request, traj)
             self.partial_continuations += 1
 
-    async def pause(self, interrupt: bool = False) -> None:
+    # The rollout side's half of weight sync (asyncrl.roles.WeightSink).
+    async def pause(self, mode: PauseMode = "keep") -> None:
         self._resumed.clear()
-        for engine in self.rollout.engines:
-            if interrupt:
-                self._interrupted.update(t.request_id for t in engine.abort_all())
-            await engine.pause()
+        if mode == "abort":  # marked first: the aborted generate calls resume as soon as we yield
+            self._interrupted |= self._live
+        await self.engine.pause(mode)
 
     async def resume(self) -> None:
-        for engine in self.rollout.engines:
-            await engine.resume()
+        await self.engine.resume()
         self._resumed.set()
 
-    # The rollout side's half of weight sync (see asyncrl.sync.endpoints).
-    def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        self.rollout.load_weights(as_pairs(named_tensors), version)
+    async def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        await self.engine.load_weights(as_pairs(named_tensors), version)
 
-    def weights_checksum(self) -> str:
-        return checksum(export_named(self.rollout.engines[0].model))
+    async def receive_weights(self, group_name: str, meta: Sequence[WeightMeta], version: int,
+                              bucket_mb: float) -> None:
+        named = await asyncio.to_thread(recv_weights, group_name, meta, bucket_mb)
+        await self.load_weights(named, version)
 
-    def receive_weights(self, group_name: str, meta: Sequence[WeightMeta], version: int,
-                        bucket_mb: float) -> None:
-        self.load_weights(recv_weights(group_name, meta, bucket_mb), version)
+    async def weights_checksum(self) -> str:
+        return await asyncio.to_thread(self.engine.weights_checksum)
 
-    async def validate(self, rows: list[PromptRow], k: int, tag: str) -> dict[str, float]:
-        return await validate(self.rollout, self.reward, rows, k, tag)
-
-    def stats(self) -> dict[str, float]:
-        engines = [e.stats() for e in self.rollout.engines]
-        return {"rollouter/running": sum(s.running for s in engines),
-                "rollouter/waiting": sum(s.waiting for s in engines),
-                "rollouter/preemptions": sum(s.preemptions for s in engines),
-                "rollouter/tokens_per_s": sum(s.tokens_per_s for s in engines),
+    async def stats(self) -> dict[str, float]:
+        s = self.engine.stats()
+        return {"rollouter/running": s.running, "rollouter/waiting": s.waiting,
+                "rollouter/preemptions": s.preemptions, "rollouter/tokens_per_s": s.tokens_per_s,
                 "fully_async/partial/continuations": self.partial_continuations} | self.reward.metrics()
 
-    def get_version(self) -> int:
-        return self.rollout.version
+    def close(self) -> None:
+        closer = getattr(self.engine, "close", None)
+        if callable(closer):
+            closer()
 
 
 def continuation(request: GenerationRequest, partial: Trajectory) -> GenerationRequest:
@@ -115,11 +135,3 @@ def continuation(request: GenerationRequest, partial: Trajectory) -> GenerationR
         request, params=dataclasses.replace(request.params, seed=seed),
         prefix_ids=tuple(partial.response_ids), prefix_logprobs=tuple(partial.logprobs),
         prefix_versions=tuple(partial.versions))
-
-
-def build_rollout_server(cfg: Config, model: PreTrainedModel | None = None,
-                         tok: PreTrainedTokenizerBase | None = None) -> RolloutServer:
-    """Factory run inside the rollout host (this process, or a Ray actor)."""
-    from asyncrl.workers.factory import build_rollout_side
-
-    return RolloutServer(*build_rollout_side(cfg, model, tok))

@@ -24,19 +24,25 @@ from asyncrl.algorithms.agg import masked_mean
 from asyncrl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
 from asyncrl.algorithms.off_policy import truncated_is_weights
 from asyncrl.config_schema import AlgorithmConfig
+from asyncrl.scheduling.batching import num_mini_batches
 from asyncrl.sync import TrainerWeights, WeightMeta
 from asyncrl.telemetry.metrics import masked_stats, timer
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.batch import TrainBatch, build_batch
 from asyncrl.training.critic import Critic
 from asyncrl.types import Group
+from asyncrl.workers.handles import blocking
 
 
 class PPOTrainer:
+    """`asyncrl.roles.TrainerSide` over an actor (+ reference, + critic). Its blocking methods
+    run on its own worker thread (`num_threads` torch threads; 0 = the caller's count)."""
+
     def __init__(self, actor: Actor, algorithm: AlgorithmConfig, *, pad_id: int,
                  ref: RefWorker | None = None, critic: Critic | None = None,
-                 old_log_prob_source: str = "recompute") -> None:
+                 old_log_prob_source: str = "recompute", num_threads: int = 0) -> None:
         assert old_log_prob_source in ("recompute", "rollout", "proximal")
+        self.num_threads = num_threads
         self.actor, self.ref, self.critic = actor, ref, critic
         self.algorithm = algorithm
         self.pad_id = pad_id
@@ -46,9 +52,9 @@ class PPOTrainer:
         self.kl_ctrl = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
                         if kl.type == "adaptive" else FixedKLController(kl.kl_coef))
 
-    def train(self, groups: Sequence[Group], num_mini_batches: int,
-              metrics: dict[str, float]) -> dict[str, float]:
+    def train(self, groups: Sequence[Group], metrics: dict[str, float]) -> dict[str, float]:
         """One update on these groups; stage timings and results go into `metrics`."""
+        minis = num_mini_batches(len(groups), self.actor.cfg.ppo_mini_batch_size)
         batch = build_batch(groups, self.pad_id)
         self._old_log_probs(batch, metrics)
         if self.ref is not None:
@@ -61,32 +67,33 @@ class PPOTrainer:
             self._advantages(batch, groups, metrics)
         if self.critic is not None:
             with timer("update_critic", metrics):
-                metrics |= self.critic.train_step(batch, num_mini_batches)
+                metrics |= self.critic.train_step(batch, minis)
         with timer("update_actor", metrics):
-            metrics |= self.actor.train_step(batch, num_mini_batches)
+            metrics |= self.actor.train_step(batch, minis)
         return metrics
 
-    def train_groups(self, groups: Sequence[Group], num_mini_batches: int) -> dict[str, float]:
-        """`train` for callers on another thread or process: returns its own metrics."""
-        return self.train(groups, num_mini_batches, {})
+    @blocking
+    def train_groups(self, groups: Sequence[Group]) -> dict[str, float]:
+        """`train` on the worker thread: returns its own metrics."""
+        return self.train(groups, {})
 
-    def get_version(self) -> int:
-        return self.actor.version
-
-    # The trainer's half of weight sync (see asyncrl.sync.endpoints).
-    def weight_meta(self) -> list[WeightMeta]:
+    # The trainer's half of weight sync (asyncrl.roles.WeightSource).
+    async def weight_meta(self) -> list[WeightMeta]:
         return self.weights.weight_meta()
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
+    async def export_weights(self) -> dict[str, torch.Tensor]:
         """The actor's tensors by name, uncopied (the receiver copies)."""
         return self.weights.export_weights()
 
+    @blocking
     def weights_checksum(self) -> str:
         return self.weights.weights_checksum()
 
+    @blocking
     def broadcast_weights(self, group_name: str, bucket_mb: float) -> int:
         return self.weights.broadcast_weights(group_name, bucket_mb)
 
+    @blocking
     def save(self, path: Path) -> None:
         """Actor (HF format + optimizer), critic, KL coefficient under `path`."""
         self.actor.save(path / "actor")
@@ -94,6 +101,7 @@ class PPOTrainer:
             self.critic.save(path / "critic")
         (path / "trainer.json").write_text(json.dumps({"kl_coef": self.kl_ctrl.value}))
 
+    @blocking
     def load(self, path: Path) -> None:
         self.actor.load(path / "actor")
         if self.critic is not None:
@@ -121,6 +129,7 @@ class PPOTrainer:
         batch.token_level_rewards = batch.token_level_scores
         if alg.use_kl_in_reward:
             assert batch.ref_log_probs is not None, "algorithm.use_kl_in_reward needs a reference model"
+            assert batch.old_log_probs is not None, "old log-probs come first"
             batch.token_level_rewards, m = apply_kl_in_reward(
                 batch.token_level_scores, batch.old_log_probs, batch.ref_log_probs,
                 batch.response_mask, self.kl_ctrl.value, alg.kl_penalty)

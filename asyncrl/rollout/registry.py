@@ -1,0 +1,36 @@
+"""Rollout engines by name (`rollout.engine`): each entry builds one `asyncrl.roles.Engine` over
+a rollout host's own copy of the policy.
+
+To add an engine: one module implementing `Engine`, one entry here, its name in
+`asyncrl.names.ENGINES`; `mypy` reports any protocol method the new class lacks or mistypes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from torch import nn
+
+from asyncrl import names
+from asyncrl.config_schema import RolloutConfig
+from asyncrl.roles import Engine
+
+EngineBuilder = Callable[[nn.Module, Sequence[int], RolloutConfig, str, int], Engine]
+"""(model, eos token ids, rollout config, device, seed) -> engine."""
+
+
+def _torch(model: nn.Module, eos_ids: Sequence[int], cfg: RolloutConfig, device: str, seed: int) -> Engine:
+    from asyncrl.rollout.engine import TorchEngine
+
+    return TorchEngine(model, eos_token_id=list(eos_ids), kv_budget_tokens=cfg.kv_budget_tokens,
+                       max_num_seqs=cfg.max_num_seqs, device=device, seed=seed)
+
+
+ENGINES: dict[str, EngineBuilder] = {"torch": _torch}
+assert tuple(ENGINES) == names.ENGINES, "register the engine's name in asyncrl.names.ENGINES"
+
+
+def build_engine(cfg: RolloutConfig, model: nn.Module, eos_ids: Sequence[int], *, device: str,
+                 seed: int) -> Engine:
+    """The engine `rollout.engine` names (the config has already checked the name)."""
+    return ENGINES[cfg.engine](model, eos_ids, cfg, device, seed)

@@ -1,0 +1,74 @@
+"""The simulator's substrate: modelled workers on the virtual clock, built from the config.
+
+Devices come from the config's own keys: colocated uses trainer.nnodes x
+trainer.n_gpus_per_node for everything; decoupled pipelines give rollout.nnodes x
+rollout.n_gpus_per_node to rollout (engines of rollout.tensor_model_parallel_size devices)
+and trainer.nnodes x trainer.n_gpus_per_node to training. With a CPU profile the devices are
+cores (num_threads, rollout/trainer.num_cpus). Workers are plain objects on the loop (no
+threads, no processes); the weight transfer is modelled time (`SimTransport`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from asyncrl.config import old_log_prob_source
+from asyncrl.config_schema import Config
+from asyncrl.errors import ConfigError
+from asyncrl.roles import RolloutSide, TrainerSide
+from asyncrl.sim import costs
+from asyncrl.sim.profile import Profile
+from asyncrl.sim.workers import SimRolloutServer, SimTrainer, SimTransport
+from asyncrl.sim.workload import Workload, sim_rows
+from asyncrl.substrates import Log, RunData, Workers
+
+
+@dataclasses.dataclass(frozen=True)
+class Devices:
+    rollout: int
+    trainer: int
+    engines: int
+    per_engine: int
+
+
+def devices(cfg: Config, profile: Profile) -> Devices:
+    """Who gets which devices, from the same keys a real run reads."""
+    if profile.device == "cpu":
+        cores = cfg.num_threads or os.cpu_count() or 1
+        colocated = cfg.pipeline == "colocated"
+        rollout, trainer = (cores, cores) if colocated else (cfg.rollout.num_cpus, cfg.trainer.num_cpus)
+        engines = cfg.rollout.num_engines
+        return Devices(rollout, trainer, engines, max(1, rollout // engines))
+    trainer = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    rollout = trainer if cfg.pipeline == "colocated" else cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    if trainer <= 0 or rollout <= 0:
+        keys = "trainer.n_gpus_per_node" if cfg.pipeline == "colocated" else \
+            "rollout.n_gpus_per_node and trainer.n_gpus_per_node"
+        raise ConfigError(f"sim.profile={profile.name} models GPUs: set {keys} (and nnodes)")
+    tp = cfg.rollout.tensor_model_parallel_size
+    if rollout % tp:
+        raise ConfigError(f"rollout.tensor_model_parallel_size={tp} must divide the {rollout} rollout GPUs")
+    return Devices(rollout, trainer, rollout // tp, tp)
+
+
+class SimSubstrate:
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.trace_max_events = 0
+
+    def load_data(self, cfg: Config, log: Log) -> RunData:
+        """The run's prompt rows (no tokenizer); a simulated run starts fresh."""
+        self.trace_max_events = cfg.sim.trace_max_events
+        (Path(cfg.trainer.output_dir) / "metrics.jsonl").unlink(missing_ok=True)
+        return RunData(None, *sim_rows(cfg))
+
+    def build_workers(self, cfg: Config, log: Log) -> Workers:
+        d = devices(cfg, self.profile)
+        workload = Workload(cfg, cfg.seed)
+        rollouts: list[RolloutSide] = [SimRolloutServer(cfg, self.profile, d.per_engine, workload)
+                                       for _ in range(d.engines)]
+        trainer: TrainerSide = SimTrainer(cfg, self.profile, d.trainer, old_log_prob_source(cfg))
+        transport = SimTransport(rollouts, costs.sync_seconds(self.profile))
+        return Workers(trainer, rollouts, transport, close=lambda: None)

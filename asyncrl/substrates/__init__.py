@@ -1,0 +1,75 @@
+"""Substrates: where a run's workers live. Each one builds a run's data and workers its own way
+and hands back the same things, so one context builder (`asyncrl.pipelines.setup.build_context`)
+and every pipeline run on all of them unchanged:
+
+- local (`LocalSubstrate`): workers are objects in this process (blocking work on their own
+  threads); one model load shared by every worker; weights move in process;
+- ray (`RaySubstrate`): each worker is a Ray actor placed on its resource pool (a placement
+  group per pool), building its own model; weights move through the object store or a
+  torch.distributed broadcast;
+- sim (`asyncrl.sim.substrate.SimSubstrate`): modelled workers on a virtual clock.
+
+Not here: what workers do (`asyncrl.workers`), when to sync (pipelines).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from asyncrl.config_schema import Config
+from asyncrl.errors import ConfigError
+from asyncrl.roles import RolloutSide, TrainerSide
+from asyncrl.sync.transports import Transport
+from asyncrl.types import PromptRow
+
+if TYPE_CHECKING:  # the simulator builds runs without transformers
+    from transformers import PreTrainedTokenizerBase
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class RunData:
+    """What the driver holds: the tokenizer (None in the simulator) and the prompt rows."""
+
+    tokenizer: PreTrainedTokenizerBase | None
+    train_rows: list[PromptRow]
+    val_rows: list[PromptRow]
+
+
+@dataclass
+class Workers:
+    """A run's workers as their roles, the transport between them, and how to stop them all."""
+
+    trainer: TrainerSide
+    rollouts: list[RolloutSide]
+    transport: Transport
+    close: Callable[[], None]
+
+
+class Substrate(Protocol):
+    trace_max_events: int
+    """Spans a run's trace keeps (the simulator bounds it; real runs keep all of them)."""
+
+    def load_data(self, cfg: Config, log: Log) -> RunData:
+        """Tokenizer and prompt rows (a real substrate loads the model first, once)."""
+        ...
+
+    def build_workers(self, cfg: Config, log: Log) -> Workers:
+        """The trainer and `rollout.num_engines` rollout workers, placed and connected."""
+        ...
+
+
+def substrate_for(cfg: Config) -> Substrate:
+    """The substrate `backend=` names; Ray is imported only when asked for."""
+    if cfg.backend == "local":
+        from asyncrl.substrates.local import LocalSubstrate
+
+        return LocalSubstrate()
+    if cfg.backend == "ray":
+        from asyncrl.substrates.ray_cluster import RaySubstrate
+
+        return RaySubstrate()
+    raise ConfigError(f"backend must be local or ray, got {cfg.backend!r}")

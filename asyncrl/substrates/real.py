@@ -1,0 +1,37 @@
+"""What the local and Ray substrates share: loading the model, tokenizer and data in the driver,
+and how many cores each side of a run gets."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from asyncrl.config_schema import Config
+from asyncrl.errors import ConfigError
+from asyncrl.models import load_model
+from asyncrl.substrates import Log, RunData
+from asyncrl.workers.factory import load_data
+
+
+def load_real_data(cfg: Config, log: Log) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, RunData]:
+    """Model and tokenizer (the tiny model is built once here, before any worker loads it), rows."""
+    if cfg.rollout.tensor_model_parallel_size != 1:
+        raise ConfigError("rollout.tensor_model_parallel_size > 1 is modelled by `asyncrl sim` only; "
+                          "the torch engine runs each engine on one device: set it to 1")
+    model, tok = load_model(cfg.model, log)
+    train_rows, val_rows = load_data(cfg, tok, log)
+    return model, tok, RunData(tok, train_rows, val_rows)
+
+
+def side_cpus(cfg: Config) -> tuple[int, int]:
+    """Cores per side. Colocated: every phase uses all cores in turn; decoupled: each side its own."""
+    if cfg.pipeline == "colocated":
+        n = cfg.num_threads or os.cpu_count() or 1
+        return n, n
+    return cfg.rollout.num_cpus, cfg.trainer.num_cpus
+
+
+def set_threads(n: int) -> None:
+    torch.set_num_threads(n or os.cpu_count() or 1)

@@ -1,0 +1,91 @@
+"""How a pipeline reaches a worker, on each substrate, behind the worker's own (typed) methods.
+
+Every role method (`asyncrl.roles`) is a coroutine, so a pipeline always writes
+`await ctx.trainer.train_groups(groups)`; what stands behind `ctx.trainer` depends on the substrate:
+- in-process (local, sim): the worker object itself. Coroutines run on the caller's event loop
+  (the rollout engine needs that); a method marked `@blocking` runs on the object's own worker
+  thread, one call at a time, so a training step overlaps generation instead of blocking the loop;
+- Ray: a `Proxy` whose attribute access sends the call to the actor (`asyncrl.workers.ray_host`),
+  typed by the substrate as the worker class it hosts, so a static check sees the same methods.
+
+Not here: building workers (`asyncrl.substrates`), the Ray actor itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+
+import torch
+
+S = TypeVar("S")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_THREAD_ATTR = "_asyncrl_worker_thread"
+
+
+def blocking(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
+    """Make a blocking method awaitable: it runs on its object's worker thread, in call order.
+
+    The thread is created on first use with the object's `num_threads` torch threads if it has
+    that attribute (non-zero), else the caller's (torch's intra-op thread count is per thread);
+    `close_worker` stops it.
+    """
+
+    @functools.wraps(method)
+    async def run_on_worker_thread(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_worker_thread(self), functools.partial(method, self, *args, **kwargs))
+
+    return run_on_worker_thread
+
+
+def _worker_thread(obj: Any) -> ThreadPoolExecutor:
+    pool: ThreadPoolExecutor | None = obj.__dict__.get(_THREAD_ATTR)
+    if pool is None:
+        threads = getattr(obj, "num_threads", 0) or torch.get_num_threads()
+        pool = ThreadPoolExecutor(1, thread_name_prefix=type(obj).__name__,
+                                  initializer=torch.set_num_threads, initargs=(threads,))
+        obj.__dict__[_THREAD_ATTR] = pool
+    return pool
+
+
+def close_worker(obj: Any) -> None:
+    """Stop the object's worker thread (pending calls are cancelled), then its own `close()`."""
+    pool: ThreadPoolExecutor | None = obj.__dict__.pop(_THREAD_ATTR, None)
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
+    closer = getattr(obj, "close", None)
+    if callable(closer):
+        closer()
+
+
+class Caller(Protocol):
+    """What a `Proxy` forwards to: one remote call by method name."""
+
+    name: str
+
+    def call(self, method: str, /, *args: Any, **kwargs: Any) -> Awaitable[Any]: ...
+
+
+class Proxy:
+    """A worker in another process, seen through its methods: `await proxy.train_groups(g)`
+    becomes `await caller.call("train_groups", g)`. Only the substrate constructs one, and it
+    types it as the hosted worker class (see `asyncrl.workers.ray_host.RaySubstrate.spawn`)."""
+
+    __slots__ = ("_caller",)
+
+    def __init__(self, caller: Caller) -> None:
+        self._caller = caller
+
+    def __getattr__(self, method: str) -> Callable[..., Awaitable[Any]]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return functools.partial(self._caller.call, method)
+
+    def __repr__(self) -> str:
+        return f"Proxy({self._caller.name})"
