@@ -1,5 +1,86 @@
-"""Shared test setup: one torch thread (the CI machine has 2 cores shared with others)."""
+"""Shared test setup.
 
+- One torch thread (the CI machine has 2 cores shared with others).
+- Offline: a test that opens a network connection to anything but this machine fails
+  (`no_network`); Ray is started on the loopback address for that reason.
+- One warmed-up tiny model (`tiny_cache`) and one Ray cluster (`ray_cluster`) per test run.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+import pytest
 import torch
 
 torch.set_num_threads(1)
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _check_local(address: object) -> None:
+    if not isinstance(address, tuple):  # AF_UNIX paths and the like
+        return
+    host = str(address[0])
+    if host in ("localhost", ""):
+        return
+    try:
+        if ipaddress.ip_address(host.split("%")[0]).is_loopback:
+            return
+    except ValueError:
+        pass
+    raise RuntimeError(f"tests run offline: a connection to {address!r} was attempted")
+
+
+def _guarded_connect(self: socket.socket, address: object) -> None:
+    _check_local(address)
+    return _real_connect(self, address)
+
+
+def _guarded_connect_ex(self: socket.socket, address: object) -> int:
+    _check_local(address)
+    return _real_connect_ex(self, address)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_network():
+    """Every test: sockets may connect to loopback only."""
+    socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
+    socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
+    yield
+    socket.socket.connect, socket.socket.connect_ex = _real_connect, _real_connect_ex  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory):
+    """The tiny model, built and warmed up once per test run into a temporary cache."""
+    from asyncrl.models.tiny import load_tiny
+
+    cache = tmp_path_factory.mktemp("asyncrl-cache")
+    old = os.environ.get("ASYNCRL_CACHE")
+    os.environ["ASYNCRL_CACHE"] = str(cache)
+    load_tiny(cache, log=lambda _: None)
+    yield cache
+    if old is None:
+        os.environ.pop("ASYNCRL_CACHE", None)
+    else:
+        os.environ["ASYNCRL_CACHE"] = old
+
+
+def start_ray() -> None:
+    from asyncrl.workers.ray_host import init_ray
+
+    init_ray(num_cpus=4, log_to_driver=False, node_ip="127.0.0.1")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tiny_cache):
+    """One local Ray cluster for the whole run, started after ASYNCRL_CACHE is set (its workers
+    inherit it)."""
+    ray = pytest.importorskip("ray")
+    start_ray()
+    yield ray
+    ray.shutdown()

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml  # type: ignore[import-untyped]  # types-PyYAML is not a test dependency
+import yaml
 
 from asyncrl.errors import ConfigError
 

@@ -167,7 +167,10 @@ class RayHandle:
             ray.get(self.actor.shutdown.remote(), timeout=CLOSE_TIMEOUT_S)
         except Exception:  # dead or stuck: killing it is all that is left to do
             pass
-        ray.kill(self.actor, no_restart=True)
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception:  # already gone (e.g. with the Ray session it belonged to)
+            pass
 
 
 async def _await(ref: ray.ObjectRef, name: str) -> Any:
@@ -188,12 +191,14 @@ async def _await(ref: ray.ObjectRef, name: str) -> Any:
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None,
-             runtime_env: dict[str, Any] | None = None, log_to_driver: bool = True) -> None:
+             runtime_env: dict[str, Any] | None = None, log_to_driver: bool = True,
+             node_ip: str | None = None) -> None:
     """Connect to the cluster at `address` ("auto" or "host:port"), or start a local one.
 
     Multi-node: `ray start --head` on one node, `ray start --address=<head>:6379` on the others,
     then run with `address="auto"` on the head. asyncrl must be importable on every node
     (installed, or shipped with `runtime_env={"working_dir": ...}`). No-op if already connected.
+    `node_ip` pins a local cluster's address (tests use loopback and stay offline).
     """
     if ray.is_initialized():
         return
@@ -201,7 +206,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None,
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=log_to_driver)
         return
     ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-             runtime_env=runtime_env, log_to_driver=log_to_driver)
+             runtime_env=runtime_env, log_to_driver=log_to_driver, _node_ip_address=node_ip)
 
 
 class ResourcePool:

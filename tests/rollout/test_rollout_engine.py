@@ -109,7 +109,7 @@ def test_abort_returns_partials_that_continue_to_the_same_output() -> None:
         eng = engine(model)
         tasks = [asyncio.create_task(eng.generate(r)) for r in reqs]
         await wait_for_tokens(eng, 20)
-        partials = eng.abort(["r1", "r3", "unknown"])
+        partials = await eng.abort(["r1", "r3", "unknown"])
         from_futures = [await tasks[1], await tasks[3]]
         done = [await tasks[0], await tasks[2]]
         continued = []
@@ -139,7 +139,7 @@ def test_abort_all_resolves_waiting_and_running_requests() -> None:
         eng = engine(tiny_model(), max_num_seqs=2)
         tasks = [asyncio.create_task(eng.generate(r)) for r in staggered_requests(5)]
         await wait_for_tokens(eng, 3)
-        partials = eng.abort_all()
+        partials = await eng.abort_all()
         outs = await asyncio.gather(*tasks)
         assert sorted(p.request_id for p in partials) == [f"r{i}" for i in range(5)]
         assert all(o.finish_reason == "aborted" for o in outs)
@@ -157,7 +157,7 @@ def test_load_weights_changes_outputs_and_versions() -> None:
     eng = engine(model, version=3)
     before = run_sync(eng, reqs)
     assert all(o.versions == [3] * len(o.response_ids) for o in before)
-    eng.load_weights(other.state_dict().items(), version=7)  # includes tied/alias names
+    asyncio.run(eng.load_weights(other.state_dict().items(), version=7))  # includes tied/alias names
     after = run_sync(eng, reqs)
     assert_same(after, ref_other)
     assert [o.response_ids for o in after] != [o.response_ids for o in before]
@@ -178,7 +178,7 @@ def test_pause_holds_requests_in_flight_and_resume_continues_under_new_version()
         await asyncio.sleep(0.05)
         assert eng.stats().generated_tokens == frozen.generated_tokens
         assert frozen.running > 0 and not any(t.done() for t in tasks[2:])
-        eng.load_weights(other.named_parameters(), version=1)
+        await eng.load_weights(other.named_parameters(), version=1)
         await eng.resume()
         outs = await asyncio.gather(*tasks)
         await eng.aclose()
@@ -231,7 +231,7 @@ def test_invalid_requests_raise_and_cancelled_callers_free_their_slot() -> None:
     asyncio.run(main())
 
 
-def test_load_weights_from_another_thread_lands_between_steps() -> None:
+def test_load_weights_without_a_pause_lands_between_steps() -> None:
     model, other = tiny_model(seed=0), tiny_model(seed=1)
     new_weights = [(n, p.detach().clone()) for n, p in other.named_parameters()]
 
@@ -239,7 +239,7 @@ def test_load_weights_from_another_thread_lands_between_steps() -> None:
         eng = engine(model)
         tasks = [asyncio.create_task(eng.generate(r)) for r in staggered_requests(6)]
         await wait_for_tokens(eng, 10)
-        await asyncio.to_thread(eng.load_weights, new_weights, 2)  # no pause: takes the step lock
+        await eng.load_weights(new_weights, 2)  # no pause: the copy takes the step lock off the loop
         outs = await asyncio.gather(*tasks)
         await eng.aclose()
         return list(outs)
@@ -250,3 +250,31 @@ def test_load_weights_from_another_thread_lands_between_steps() -> None:
         assert o.versions == sorted(o.versions) and set(o.versions) <= {0, 2}
     for name, tensor in new_weights:
         torch.testing.assert_close(dict(model.named_parameters())[name].detach(), tensor)
+
+
+def test_pause_abort_returns_every_partial_and_keeps_the_engine_usable() -> None:
+    model = tiny_model()
+
+    async def main() -> None:
+        eng = engine(model)
+        tasks = [asyncio.create_task(eng.generate(r)) for r in staggered_requests(3)]
+        await wait_for_tokens(eng, 6)
+        partials = await eng.pause("abort")
+        assert sorted(p.request_id for p in partials) == ["r0", "r1", "r2"]
+        assert [await t for t in tasks] == sorted(partials, key=lambda p: p.request_id)
+        await eng.resume()
+        again = await eng.generate(request("again", prompt(5, seed=1), 4))
+        assert again.finish_reason != "aborted"
+        await eng.aclose()
+
+    asyncio.run(main())
+
+
+def test_weights_checksum_follows_load_weights() -> None:
+    model, other = tiny_model(seed=0), tiny_model(seed=1)
+    eng = engine(model)
+    before = eng.weights_checksum()
+    asyncio.run(eng.load_weights(other.named_parameters(), version=1))
+    assert eng.weights_checksum() != before
+    assert eng.weights_checksum() == engine(other).weights_checksum()
+    eng.close()

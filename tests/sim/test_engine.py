@@ -44,7 +44,7 @@ def test_full_kv_cache_preempts_the_newest_and_recomputes_it():
     submit(m, 1, 4)
     assert m.advance(INF, True)[0][0] == 0 and m.t == pytest.approx(4.0, rel=0, abs=1e-9)
     assert m.preemptions == 1
-    [(group, [(_, runs, end)])] = m.advance(INF, True)
+    [(group, [(_, runs, end, _, _)])] = m.advance(INF, True)
     assert group == 1 and end == pytest.approx(6.0, rel=0, abs=1e-9)  # kept its 2 tokens
     assert runs == ((0, 4),)
 
@@ -57,7 +57,7 @@ def test_interrupt_keeps_partial_tokens_and_versions_span_the_sync():
     assert m.interrupt() == 1
     m.set_version(1)
     m.paused = False
-    [(_, [(_, runs, end)])] = m.advance(INF, True)
+    [(_, [(_, runs, end, _, _)])] = m.advance(INF, True)
     assert runs == ((0, 4), (1, 6))
     assert end == pytest.approx(10.0, rel=0, abs=1e-9)
 
@@ -67,7 +67,7 @@ def test_version_change_without_interrupt_splits_the_runs():
     submit(m, 0, 5)
     m.advance(2.0)
     m.set_version(7)
-    [(_, [(_, runs, _)])] = m.advance(INF, True)
+    [(_, [(_, runs, _, _, _)])] = m.advance(INF, True)
     assert runs == ((0, 2), (7, 3))
 
 
@@ -78,3 +78,24 @@ def test_max_num_seqs_queues_the_rest():
     assert m.advance(INF, True)[0][0] == 0 and len(m.waiting) == 1  # the second waited for the slot
     assert m.t == pytest.approx(2.0, rel=0, abs=1e-9)
     assert m.advance(INF, True)[0][0] == 1 and m.t == pytest.approx(4.0, rel=0, abs=1e-9)
+
+
+def test_abort_stops_selected_responses_where_they_are():
+    m = model()
+    submit(m, 0, 4, 10)  # group 0: responses 0 and 1 (4 and 10 tokens)
+    m.advance(2.0)  # 2 tokens each so far
+    partials, completed = m.abort(0, {1})
+    assert [(n, runs, index, aborted) for n, runs, _, index, aborted in partials] == [(2, ((0, 2),), 1, True)]
+    assert completed == []  # response 0 still running
+    [(group, finished)] = m.advance(INF, True)
+    assert group == 0 and sorted((f[3], f[0], f[4]) for f in finished) == [(0, 4, False), (1, 2, True)]
+    assert not m.running and not m.waiting
+
+
+def test_abort_of_the_last_response_completes_the_group():
+    m = model(max_seqs=1)
+    submit(m, 0, 3, 5)  # the second waits for the slot
+    m.advance(1.0)
+    partials, completed = m.abort(0, {0, 1})
+    assert sorted((p[3], p[0]) for p in partials) == [(0, 1), (1, 0)]  # the queued one had nothing
+    assert [g for g, _ in completed] == [0] and not m.running and not m.waiting

@@ -6,12 +6,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from asyncrl.sync import RolloutWeights, TrainerWeights, WeightMeta
+from asyncrl.roles import PauseMode
+from asyncrl.sync import RolloutWeights, TrainerWeights, WeightMeta, recv_weights
 from asyncrl.sync.tensors import NamedTensors
 
 
@@ -35,54 +37,77 @@ def small_model(seed: int) -> TiedLM:
     return TiedLM()
 
 
-class FakeTrainer(TrainerWeights):
+class FakeTrainer:
+    """A `WeightSource` over a small model."""
+
     def __init__(self, seed: int = 0) -> None:
         torch.set_num_threads(1)
-        super().__init__(small_model(seed))
+        self.weights = TrainerWeights(small_model(seed))
 
-    def perturb(self, scale: float = 0.01) -> None:
+    async def weight_meta(self) -> list[WeightMeta]:
+        return self.weights.weight_meta()
+
+    async def export_weights(self) -> dict[str, torch.Tensor]:
+        return self.weights.export_weights()
+
+    async def broadcast_weights(self, group_name: str, bucket_mb: float) -> int:
+        return await asyncio.to_thread(self.weights.broadcast_weights, group_name, bucket_mb)
+
+    async def weights_checksum(self) -> str:
+        return self.weights.weights_checksum()
+
+    async def perturb(self, scale: float = 0.01) -> None:
         with torch.no_grad():
-            for p in self.model.parameters():
+            for p in self.weights.model.parameters():
                 p.add_(torch.randn_like(p) * scale)
 
 
-class RecordingRollout(RolloutWeights):
+class RecordingRollout:
+    """A `WeightSink` that logs pause/load/resume in order and can corrupt its next load."""
+
     def __init__(self, seed: int = 1) -> None:
         torch.set_num_threads(1)
-        super().__init__(small_model(seed))
+        self.weights = RolloutWeights(small_model(seed))
         self.events: list[str] = []
         self.corrupt_name: str | None = None
 
-    async def pause(self, interrupt: bool = False) -> None:
-        self.events.append(f"pause(interrupt={interrupt})")
+    @property
+    def version(self) -> int:
+        return self.weights.version
+
+    async def pause(self, mode: PauseMode = "keep") -> None:
+        self.events.append(f"pause({mode})")
 
     async def resume(self) -> None:
         self.events.append("resume")
 
-    def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        super().load_weights(named_tensors, version)
-        self.events.append(f"load v{version}")
-        if self.corrupt_name is not None:
-            self._corrupt(self.corrupt_name)
-            self.corrupt_name = None
+    async def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        self._load(named_tensors, version)
 
-    def receive_weights(self, group_name: str, meta: Sequence[WeightMeta], version: int,
-                        bucket_mb: float) -> None:
+    async def receive_weights(self, group_name: str, meta: Sequence[WeightMeta], version: int,
+                              bucket_mb: float) -> None:
         self.events.append("receive")
-        super().receive_weights(group_name, meta, version, bucket_mb)
+        self._load(await asyncio.to_thread(recv_weights, group_name, meta, bucket_mb), version)
 
-    def corrupt_next_load(self, name: str) -> None:
+    async def weights_checksum(self) -> str:
+        return self.weights.weights_checksum()
+
+    async def corrupt_next_load(self, name: str) -> None:
         self.corrupt_name = name
 
-    def take_events(self) -> list[str]:
+    async def take_events(self) -> list[str]:
         events, self.events = self.events, []
         return events
 
-    def get_version(self) -> int:
+    async def get_version(self) -> int:
         return self.version
 
-    def _corrupt(self, name: str) -> None:
-        param = dict(self.model.named_parameters())[name]
-        with torch.no_grad():
-            flat = param.view(-1)
-            flat[0] = flat[0] + 1.0
+    def _load(self, named_tensors: NamedTensors, version: int) -> None:
+        self.weights.load_weights(named_tensors, version)
+        self.events.append(f"load v{version}")
+        if self.corrupt_name is not None:
+            param = dict(self.weights.model.named_parameters())[self.corrupt_name]
+            with torch.no_grad():
+                flat = param.view(-1)
+                flat[0] = flat[0] + 1.0
+            self.corrupt_name = None

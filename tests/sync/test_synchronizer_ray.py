@@ -13,8 +13,9 @@ ray = pytest.importorskip("ray")
 
 import tests.sync.fakes as fakes  # noqa: E402
 from asyncrl.errors import SyncError  # noqa: E402
-from asyncrl.sync import ParameterSynchronizer  # noqa: E402
-from asyncrl.workers.ray_host import make_handle  # noqa: E402
+from asyncrl.sync import ParameterSynchronizer, make_transport  # noqa: E402
+from asyncrl.workers.handles import Proxy  # noqa: E402
+from asyncrl.workers.ray_host import RayHandle  # noqa: E402
 
 VICTIM = "blocks.0.bias"  # an fp32 tensor
 
@@ -24,73 +25,78 @@ ray.cloudpickle.register_pickle_by_value(fakes)
 
 
 @pytest.fixture(scope="module")
-def handles():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    trainer = make_handle("trainer", fakes.FakeTrainer, 0, backend="ray")
-    rollouts = [make_handle(f"rollout{i}", fakes.RecordingRollout, i + 1, backend="ray")
-                for i in range(2)]
-    yield trainer, rollouts
-    for h in [trainer, *rollouts]:
+def handles(ray_cluster):
+    processes = [RayHandle("trainer", fakes.FakeTrainer, 0),
+                 *(RayHandle(f"rollout worker {i}", fakes.RecordingRollout, i + 1) for i in range(2))]
+    trainer, *rollouts = [Proxy(h) for h in processes]
+    yield trainer, rollouts, processes
+    for h in processes:
         h.close()
-    ray.shutdown()
+
+
+def synchronizer(handles, transport: str, **kw) -> ParameterSynchronizer:
+    trainer, rollouts, processes = handles
+    return ParameterSynchronizer(trainer, rollouts, make_transport(transport, trainer, rollouts, processes,
+                                                                   bucket_mb=0.01), **kw)
 
 
 async def checksums(trainer, rollouts) -> tuple[str, list[str]]:
-    want = await trainer.call("weights_checksum")
-    return want, [await r.call("weights_checksum") for r in rollouts]
+    want = await trainer.weights_checksum()
+    return want, [await r.weights_checksum() for r in rollouts]
 
 
-async def sync_twice(sync: ParameterSynchronizer, trainer, rollouts, first: int) -> list[dict]:
+async def sync_twice(sync: ParameterSynchronizer, trainer, rollouts) -> list[dict]:
     """Two syncs with a trainer update between; after each, every rollout matches the trainer."""
     metrics = []
-    for version in (first, first + 1):
-        await trainer.call("perturb")
-        metrics.append(await sync.sync(version))
+    for _ in range(2):
+        await trainer.perturb()
+        metrics.append(await sync.sync())
         want, got = await checksums(trainer, rollouts)
         assert got == [want] * len(rollouts)
-        assert [await r.call("get_version") for r in rollouts] == [version] * len(rollouts)
+        assert [await r.get_version() for r in rollouts] == [sync.version] * len(rollouts)
     return metrics
 
 
 @pytest.mark.parametrize("transport", ["object_store", "broadcast"])
 def test_transport_delivers_bit_identical_weights(handles, transport: str) -> None:
-    trainer, rollouts = handles
-    asyncio.run(rollouts[0].call("take_events"))
+    trainer, rollouts, _ = handles
+    asyncio.run(rollouts[0].take_events())
 
     async def main() -> list[dict]:
-        sync = ParameterSynchronizer(trainer, rollouts, transport, verify=True, bucket_mb=0.01)
+        sync = synchronizer(handles, transport, verify=True, version=10)
         try:
-            return await sync_twice(sync, trainer, rollouts, first=10)
+            return await sync_twice(sync, trainer, rollouts)
         finally:
             await sync.close()
 
     metrics = asyncio.run(main())
     assert all(m["sync/bytes"] > 0 and m["sync/num_rollouts"] == 2 for m in metrics)
     receive = ["receive"] if transport == "broadcast" else []
-    expected = [["pause(interrupt=False)", *receive, f"load v{v}", "resume"] for v in (10, 11)]
-    assert asyncio.run(rollouts[0].call("take_events")) == expected[0] + expected[1]
+    expected = [["pause(keep)", *receive, f"load v{v}", "resume"] for v in (11, 12)]
+    assert asyncio.run(rollouts[0].take_events()) == expected[0] + expected[1]
 
 
 def test_pause_resume_order_across_ray(handles) -> None:
-    trainer, rollouts = handles
-    asyncio.run(rollouts[1].call("take_events"))
-    sync = ParameterSynchronizer(trainer, rollouts, "object_store")
-    asyncio.run(sync.sync(20, interrupt=True))
-    events = asyncio.run(rollouts[1].call("take_events"))
-    assert events == ["pause(interrupt=True)", "load v20", "resume"]
+    _, rollouts, _ = handles
+    asyncio.run(rollouts[1].take_events())
+    sync = synchronizer(handles, "object_store", version=19)
+    asyncio.run(sync.sync(interrupt=True))
+    events = asyncio.run(rollouts[1].take_events())
+    assert events == ["pause(abort)", "load v20", "resume"]
 
 
 @pytest.mark.parametrize("transport", ["object_store", "broadcast"])
 def test_verify_catches_corruption_across_ray(handles, transport: str) -> None:
-    trainer, rollouts = handles
+    _, rollouts, _ = handles
 
     async def main() -> None:
-        sync = ParameterSynchronizer(trainer, rollouts, transport, verify=True)
+        sync = synchronizer(handles, transport, verify=True)
         try:
-            await rollouts[0].call("corrupt_next_load", VICTIM)
-            await sync.sync(30)
+            await rollouts[0].corrupt_next_load(VICTIM)
+            await sync.sync()
         finally:
             await sync.close()
 
-    with pytest.raises(SyncError, match=VICTIM):
+    with pytest.raises(SyncError, match=VICTIM) as info:
         asyncio.run(main())
+    assert "rollout worker 0" in str(info.value)

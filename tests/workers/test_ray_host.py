@@ -1,7 +1,8 @@
-"""RayHandle: LocalHandle semantics across a Ray actor, failures, placement, clean shutdown.
+"""RayHandle and Proxy: in-process call semantics across a Ray actor, failures, placement,
+clean shutdown.
 
-One Ray session for the module (starting Ray costs seconds); the last test shuts it down and
-checks that none of its processes survive.
+Uses the test run's Ray cluster; the last test shuts it down, checks that none of its processes
+survive, and starts it again for whatever runs next.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import torch
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
-from asyncrl.errors import ConfigError, SyncError  # noqa: E402
-from asyncrl.workers.group import LocalHandle  # noqa: E402
-from asyncrl.workers.ray_host import RayHandle, ResourcePool, init_ray, make_handle  # noqa: E402
+from asyncrl.errors import ConfigError, SyncError, WorkerDied  # noqa: E402
+from asyncrl.workers.handles import Proxy, blocking  # noqa: E402
+from asyncrl.workers.ray_host import RayHandle, ResourcePool  # noqa: E402
+from tests.conftest import start_ray  # noqa: E402
 
 # The Ray workers cannot import this test module by name (pytest puts tests/ on sys.path only
 # in this process), so its fakes travel by value.
@@ -37,13 +39,15 @@ class Probe:
     async def where_async(self) -> tuple[str, int]:
         return threading.current_thread().name, torch.get_num_threads()
 
-    def where_plain(self) -> tuple[str, int]:
+    @blocking
+    def where_blocking(self) -> tuple[str, int]:
         return threading.current_thread().name, torch.get_num_threads()
 
     async def sleep_echo(self, i: int, seconds: float) -> int:
         await asyncio.sleep(seconds)
         return i
 
+    @blocking
     def block(self, seconds: float) -> float:
         time.sleep(seconds)
         return time.monotonic()
@@ -79,16 +83,8 @@ def broken_factory() -> Probe:
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    init_ray(num_cpus=4, log_to_driver=False)
-    init_ray()  # already connected: a no-op
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def probe(ray_session) -> RayHandle:
-    handle = make_handle("probe", Probe, backend="ray", num_cpus=2)
+def probe(ray_cluster) -> RayHandle:
+    handle = RayHandle("probe", Probe, num_cpus=2)
     yield handle
     handle.close()
 
@@ -97,20 +93,20 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_make_handle_local_and_unknown_backend() -> None:
-    handle = make_handle("p", Probe, "x", backend="local")
-    assert isinstance(handle, LocalHandle) and handle.obj.tag == "x"
-    handle.close()
-    with pytest.raises(ConfigError):
-        make_handle("p", Probe, backend="slurm")
+def test_proxy_forwards_methods_by_name(probe: RayHandle) -> None:
+    proxy = Proxy(probe)
+    assert run(proxy.echo_kwargs(a=1)) == {"a": 1}
+    assert "probe" in repr(proxy)
+    with pytest.raises(AttributeError):
+        proxy._private  # noqa: B018 - private names never travel
 
 
-def test_coroutines_on_loop_plain_on_worker_thread(probe: RayHandle) -> None:
+def test_coroutines_on_loop_blocking_on_worker_thread(probe: RayHandle) -> None:
     async def main():
-        return await probe.call("where_async"), await probe.call("where_plain")
+        return await probe.call("where_async"), await probe.call("where_blocking")
 
     (loop_thread, loop_threads), (plain_thread, plain_threads) = run(main())
-    assert plain_thread.startswith("worker") and not loop_thread.startswith("worker")
+    assert plain_thread.startswith("Probe") and not loop_thread.startswith("Probe")
     assert loop_threads == plain_threads == 2  # torch threads = the host's num_cpus
 
 
@@ -143,21 +139,21 @@ def test_exceptions_keep_their_type(probe: RayHandle, method: str, error: type) 
     assert "failure" in str(info.value)
 
 
-def test_factory_error_surfaces_with_its_type(ray_session) -> None:
-    handle = make_handle("broken", broken_factory, backend="ray")
+def test_factory_error_surfaces_with_its_type(ray_cluster) -> None:
+    handle = RayHandle("broken", broken_factory)
     with pytest.raises(ConfigError, match="model.path"):
-        run(handle.call("where_plain"))
+        run(handle.call("where_async"))
     handle.close()
 
 
-def test_dead_actor_raises_instead_of_hanging(ray_session) -> None:
-    handle = make_handle("doomed", Probe, backend="ray")
+def test_dead_actor_raises_naming_its_role(ray_cluster) -> None:
+    handle = RayHandle("rollout worker 1", Probe)
 
     async def main():
-        with pytest.raises(ray.exceptions.RayActorError):
+        with pytest.raises(WorkerDied, match="rollout worker 1 died"):
             await asyncio.wait_for(handle.call("die"), 30)
-        with pytest.raises(ray.exceptions.RayActorError):
-            await asyncio.wait_for(handle.call("where_plain"), 30)
+        with pytest.raises(WorkerDied, match="rollout worker 1"):
+            await asyncio.wait_for(handle.call("where_async"), 30)
 
     run(main())
     handle.close()
@@ -190,13 +186,13 @@ def test_run_executes_in_the_worker_process(probe: RayHandle) -> None:
     assert run(probe.run(sum, [1, 2, 3])) == 6
 
 
-def test_resource_pool_places_workers(ray_session) -> None:
+def test_resource_pool_places_workers(ray_cluster) -> None:
     pool = ResourcePool("rollout", nnodes=1, cpus_per_node=2)
-    first, second = pool.allocate(1), pool.allocate(1)
+    first, second = pool.allocate(1), pool.allocate(0.5)
     assert first[1] == second[1] == 0
-    with pytest.raises(ConfigError, match="no room"):
+    with pytest.raises(ConfigError, match="rollout.num_cpus"):
         pool.allocate(1)
-    handle = make_handle("placed", Probe, backend="ray", placement=first)
+    handle = RayHandle("placed", Probe, num_cpus=1, placement=first)
     assert run(handle.call("echo", 7)) == 7
     handle.close()
     pool.remove()
@@ -230,8 +226,8 @@ def _wait_gone(pids: set[int], timeout_s: float) -> set[int]:
     return left
 
 
-def test_close_and_shutdown_leave_no_processes(ray_session) -> None:  # keep last: ends Ray
-    handle = make_handle("last", Probe, backend="ray")
+def test_close_and_shutdown_leave_no_processes(ray_cluster) -> None:  # keep last: restarts Ray
+    handle = RayHandle("last", Probe)
     actor_pid = run(handle.pid())
     handle.close()
     assert not _wait_gone({actor_pid}, 15.0)
@@ -239,3 +235,4 @@ def test_close_and_shutdown_leave_no_processes(ray_session) -> None:  # keep las
     assert session
     ray.shutdown()
     assert not _wait_gone(session, 20.0)
+    start_ray()

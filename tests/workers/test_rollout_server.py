@@ -12,7 +12,7 @@ from asyncrl.config_schema import RewardConfig, RolloutConfig
 from asyncrl.rollout import TorchEngine
 from asyncrl.types import PromptRow
 from asyncrl.workers.reward import RewardWorker
-from asyncrl.workers.rollout import RolloutWorker
+from asyncrl.workers.rollout import RequestBuilder
 from asyncrl.workers.rollout_server import RolloutServer
 from tests.training.helpers import tiny_lm
 
@@ -27,16 +27,20 @@ class NoTokenizer:
 def server(model) -> RolloutServer:
     engine = TorchEngine(copy.deepcopy(model), eos_token_id=0, kv_budget_tokens=4096, max_num_seqs=8)
     cfg = RolloutConfig(temperature=0.0, ignore_eos=True)
-    return RolloutServer(RolloutWorker([engine], cfg, max_tokens=40, seed=0),
+    return RolloutServer(engine, RequestBuilder(cfg, max_tokens=40, seed=0),
                          RewardWorker(NoTokenizer(), RewardConfig()))
+
+
+async def wait_for_tokens(srv: RolloutServer, n: int) -> None:
+    while srv.engine.stats().generated_tokens < n:
+        await asyncio.sleep(0.001)
 
 
 async def interrupted_run(srv: RolloutServer, weights) -> tuple:
     task = asyncio.create_task(srv.generate_scored(ROW, 2, "g"))
-    while srv.rollout.engines[0].stats().generated_tokens < 20:
-        await asyncio.sleep(0.001)
-    await srv.pause(interrupt=True)
-    srv.load_weights(weights, version=1)
+    await wait_for_tokens(srv, 20)
+    await srv.pause("abort")
+    await srv.load_weights(weights, version=1)
     await srv.resume()
     return await task
 
@@ -54,3 +58,48 @@ def test_interrupted_response_equals_its_pieces():
         assert b.versions[0] == 0 and b.versions[-1] == 1 and b.num_segments == 2
         assert b.versions == sorted(b.versions) and b.finish_reason == "length"
         assert b.reward == 1.0
+
+
+def test_abort_stops_selected_responses_and_returns_their_partials():
+    model = tiny_lm()
+    plain = asyncio.run(server(model).generate_scored(ROW, 4, "g"))
+
+    async def main():
+        srv = server(model)
+        task = asyncio.create_task(srv.generate_scored(ROW, 4, "g"))
+        await wait_for_tokens(srv, 20)
+        partials = await srv.abort(["g/1", "g/3", "other/0"])
+        return partials, await task
+
+    partials, group = asyncio.run(main())
+    assert sorted(p.request_id for p in partials) == ["g/1", "g/3"]
+    for i, t in enumerate(group.trajectories):
+        ref = plain.trajectories[i]
+        if i in (1, 3):
+            assert t.finish_reason == "aborted" and t.reward_status == "aborted" and t.reward == 0.0
+            assert 0 < len(t.response_ids) < 40 and len(t.logprobs) == len(t.versions) == len(t.response_ids)
+            assert t.response_ids == ref.response_ids[: len(t.response_ids)]
+            torch.testing.assert_close(torch.tensor(t.logprobs), torch.tensor(ref.logprobs[: len(t.logprobs)]),
+                                       rtol=1e-5, atol=1e-5)
+        else:
+            assert t.response_ids == ref.response_ids and t.reward == 1.0
+
+
+def test_abort_while_interrupted_for_a_sync_is_never_continued():
+    model = tiny_lm()
+
+    async def main():
+        srv = server(model)
+        task = asyncio.create_task(srv.generate_scored(ROW, 2, "g"))
+        await wait_for_tokens(srv, 20)
+        await srv.pause("abort")
+        partials = await srv.abort(["g/0"])
+        await srv.resume()
+        return srv, partials, await task
+
+    srv, partials, group = asyncio.run(main())
+    assert [p.request_id for p in partials] == ["g/0"] and partials[0].finish_reason == "aborted"
+    first, second = group.trajectories
+    assert first.finish_reason == "aborted" and first.response_ids == partials[0].response_ids
+    assert second.finish_reason == "length" and len(second.response_ids) == 40
+    assert srv.partial_continuations == 1  # only g/1 continued
