@@ -298,6 +298,32 @@ def _async_rules(cfg: Config) -> None:
                           "extra generation: use algorithm.adv_estimator=grpo, rloo, opo, ...")
 
 
+READ_BY: dict[str, tuple[str, ...]] = {
+    "async_training.require_batches": ("fully_async",),
+    "async_training.trigger_parameter_sync_step": ("fully_async",),
+    "async_training.staleness_threshold": ("fully_async",),
+    "async_training.partial_rollout": ("fully_async",),
+    "async_training.max_version_lag": ("fully_async",),
+    "async_training.use_rollout_log_probs": ("one_step_off", "fully_async"),
+    "rollout.total_rollout_steps": ("fully_async",),
+    "rollout.test_freq": ("fully_async",),
+}
+"""Keys only some pipelines read: set on another pipeline they would silently do nothing."""
+
+
+def check_pipeline_keys(cfg: Config) -> None:
+    """A key the chosen pipeline ignores, set to other than its default, is an error naming the
+    key and the pipelines that read it. Real runs check this; `asyncrl sim` treats a config as a
+    template for several pipelines (`--compare`) and does not."""
+    default = Config()
+    for key, readers in READ_BY.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if cfg.pipeline not in readers and value != getattr(getattr(default, section), name):
+            raise ConfigError(f"{key}={value!r} has no effect with pipeline={cfg.pipeline} (it is read by "
+                              f"pipeline={' / '.join(readers)}): remove it or set pipeline={readers[-1]}")
+
+
 def old_log_prob_source(cfg: Config) -> str:
     """Colocated recomputes (on-policy). Decoupled: the engine's behaviour log-probs by default
     (`async_training.use_rollout_log_probs`), else a recomputed proximal policy, with truncated

@@ -72,3 +72,20 @@ def test_reference_doc_is_current():
     doc = Path(__file__).parents[1] / "docs" / "configuration.md"
     assert doc.read_text().strip() == reference_markdown().strip(), \
         "regenerate: asyncrl config --reference > docs/configuration.md"
+
+
+@pytest.mark.parametrize("pipeline, override", [
+    ("one_step_off", "async_training.staleness_threshold=0.5"),
+    ("one_step_off", "async_training.max_version_lag=2"),
+    ("colocated", "async_training.use_rollout_log_probs=false"),
+    ("colocated", "rollout.total_rollout_steps=64"),
+])
+def test_a_key_the_pipeline_ignores_is_an_error(pipeline, override):
+    from asyncrl.config import check_pipeline_keys
+
+    cfg = load_config(None, [f"pipeline={pipeline}", override])
+    with pytest.raises(ConfigError) as err:
+        check_pipeline_keys(cfg)
+    key = override.split("=")[0]
+    assert key in str(err.value) and f"pipeline={pipeline}" in str(err.value)
+    check_pipeline_keys(load_config(None, ["pipeline=fully_async", override]))  # read there: fine

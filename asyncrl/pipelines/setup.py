@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asyncrl.config import config_to_dict, dump_config
+from asyncrl.config import check_pipeline_keys, config_to_dict, dump_config
 from asyncrl.config_schema import Config
 from asyncrl.data import PromptIterator
 from asyncrl.roles import RolloutSide, TrainerSide
@@ -91,11 +91,14 @@ class RunContext:
 
 def build_context(cfg: Config, *, log: Callable[[str], None] = print,
                   substrate: Substrate | None = None) -> RunContext:
-    """A run on `substrate` (default: the one `backend=` names)."""
+    """A run on `substrate` (default: the real one `backend=` names, after checking that every
+    key set is read by the chosen pipeline)."""
     from asyncrl.substrates import substrate_for
     from asyncrl.training.optim import seed_everything
 
-    substrate = substrate or substrate_for(cfg)
+    if substrate is None:
+        check_pipeline_keys(cfg)
+        substrate = substrate_for(cfg)
     seed_everything(cfg.seed)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)

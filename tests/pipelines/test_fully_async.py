@@ -49,7 +49,6 @@ def test_no_trained_sample_exceeds_the_lag_cap(tiny_cache, tmp_path):
     ledger = read_jsonl(tmp_path / "samples.jsonl")
     assert max(s["trained_at_version"] - s["start_version"] for s in ledger) <= 1
     assert len({s["prompt"] for s in ledger}) == 40 == len(ledger)
-    assert rows[-1]["fully_async/count/dropped_stale"] >= 0
 
 
 def test_partial_rollout_spans_versions(tiny_cache, tmp_path):
@@ -77,18 +76,21 @@ def test_a_crash_in_the_rollouter_fails_the_run(tiny_cache, tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_every_mode_learns_on_ray(tiny_cache, ray_session, tmp_path, mode):
+def test_every_mode_learns_on_ray(tiny_cache, ray_cluster, tmp_path, mode):
     rows = run_pipeline(tmp_path, "pipeline=fully_async", "backend=ray", *MODES[mode],
                         "trainer.total_training_steps=40", "rollout.test_freq=20")
     val = val_scores(rows)
     assert max(val[1:]) >= val[0] + 0.05 and sum(val[1:]) / len(val[1:]) >= val[0] + 0.03, val
 
 
-def test_resume_continues_the_count(tiny_cache, tmp_path):
+def test_resume_continues_the_count_and_syncs_once(tiny_cache, tmp_path):
     common = [*SMALL, "trainer.save_freq=2", "async_training.staleness_threshold=0.5"]
     run_pipeline(tmp_path, *common, "rollout.total_rollout_steps=16")
-    run_pipeline(tmp_path, *common, "rollout.total_rollout_steps=32")
+    ctx = make_context(tmp_path, *common, "rollout.total_rollout_steps=32")
+    asyncio.run(fully_async.run(ctx))
     ledger = read_jsonl(tmp_path / "samples.jsonl")
     assert len(ledger) == 32 and len({s["prompt"] for s in ledger}) == 32
     versions = [s["trained_at_version"] for s in ledger]
     assert versions == sorted(versions) and versions[-1] == 7
+    # resumed at version 4: one push of the checkpoint's weights, then one sync per update
+    assert ctx.synchronizer.version == 8 and ctx.synchronizer.transfers == 1 + 4

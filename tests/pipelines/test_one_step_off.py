@@ -10,7 +10,7 @@ from tests.pipelines.helpers import run_pipeline, val_scores
 pytestmark = pytest.mark.slow
 
 
-def test_one_step_stale_and_learns_on_ray(tiny_cache, ray_session, tmp_path):
+def test_one_step_stale_and_learns_on_ray(tiny_cache, ray_cluster, tmp_path):
     rows = run_pipeline(tmp_path, "pipeline=one_step_off", "backend=ray", "trainer.total_training_steps=40",
                         "trainer.test_freq=20")
     steps = [r for r in rows if r["step"] > 0 and "staleness/version_lag_max" in r]

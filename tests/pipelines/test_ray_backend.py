@@ -13,12 +13,12 @@ from tests.pipelines.helpers import make_context, read_jsonl
 pytestmark = pytest.mark.slow
 
 
-def test_workers_live_in_separate_processes(tiny_cache, ray_session, tmp_path):
+def test_workers_live_in_separate_processes(tiny_cache, ray_cluster, tmp_path):
     ctx = make_context(tmp_path, "backend=ray", "pipeline=fully_async", "rollout.total_rollout_steps=16",
                        "trainer.val_before_train=false", "trainer.test_freq=0")
 
     async def main():
-        pids = {await ctx.trainer.pid(), await ctx.rollout.handles[0].pid()}
+        pids = {await ctx.trainer._caller.pid(), await ctx.rollout.workers[0]._caller.pid()}  # Proxy -> RayHandle
         await fully_async.run(ctx)
         return pids
 

@@ -77,3 +77,13 @@ def test_cli_compare_writes_a_table(tmp_path, capsys):
 def test_bad_profile_name_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="sim.profile"):
         simulate(load_config(None, [*SMALL, "sim.profile=no-such", f"trainer.output_dir={tmp_path}"]))
+
+
+def test_the_lag_cap_drops_stale_groups_and_regenerates_their_prompts(tmp_path):
+    _, summary, steps = run(tmp_path, "pipeline=fully_async async_training.trigger_parameter_sync_step=1 "
+                                      "async_training.staleness_threshold=2.0 async_training.max_version_lag=1")
+    dropped = steps[-1]["fully_async/count/dropped_stale"]
+    assert dropped > 0  # the rollouter ran 3 versions ahead: some groups were past the cap
+    assert summary.version_lag_max <= 1
+    ledger = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(ledger) == 32 * 4 and len({s["prompt"] for s in ledger}) == 32 * 4  # regenerated, not lost
