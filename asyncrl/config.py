@@ -17,19 +17,19 @@ from typing import Any
 
 import yaml
 
+# The names a registry answers to are defined once, by the registry (or asyncrl.names).
+from asyncrl.algorithms.advantages import ADV_ESTIMATOR_NAMES as ADV_ESTIMATORS
+from asyncrl.algorithms.agg import LOSS_AGG_MODES
+from asyncrl.algorithms.kl import KL_PENALTY_KINDS as KL_KINDS
+from asyncrl.algorithms.policy_loss import POLICY_LOSS_NAMES as POLICY_LOSSES
 from asyncrl.config_schema import Config
 from asyncrl.errors import ConfigError
+from asyncrl.names import BACKENDS, ENGINES, PIPELINES
 
 __all__ = ["Config", "load_config", "dump_config", "config_from_dict", "config_to_dict"]
 
-PIPELINES = ("colocated", "one_step_off", "fully_async")
-BACKENDS = ("local", "ray")
-ADV_ESTIMATORS = ("gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus",
-                  "reinforce_plus_plus_baseline", "opo", "gpg", "remax")
 GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg")
-POLICY_LOSSES = ("vanilla", "gspo", "cispo", "gpg")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_KINDS = ("k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs", "k3+", "low_var_kl+")
+"""Estimators that compare responses within a group (they need rollout.n >= 2)."""
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 TASKS = ("arithmetic", "countdown", "code", "longtail")
 
@@ -251,6 +251,7 @@ def validate(cfg: Config) -> None:
     _choice(cfg.algorithm.kl_penalty, KL_KINDS, "algorithm.kl_penalty")
     _choice(cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive"), "algorithm.kl_ctrl.type")
     _choice(cfg.actor.off_policy_correction, ("none", "token", "sequence"), "actor.off_policy_correction")
+    _choice(cfg.rollout.engine, ENGINES, "rollout.engine")
     _choice(cfg.model.dtype, ("float32", "bfloat16"), "model.dtype")
     _choice(cfg.trainer.device, ("cpu", "cuda"), "trainer.device")
     if not cfg.data.train_files:

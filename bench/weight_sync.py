@@ -4,7 +4,7 @@ Models (random init, float32, nothing downloaded):
 - tiny: the built-in tiny Llama's shape (~1M parameters);
 - smollm2: SmolLM2-135M's shape (tied embeddings, ~135M parameters, ~0.54 GB).
 
-Transports: inprocess (local handles, this process), object_store and broadcast (gloo) with
+Transports: inprocess (both objects in this process), object_store and broadcast (gloo) with
 Ray: one trainer actor + one rollout actor, 1 CPU each. Also "object_store_pickle" (Ray's
 default tensor pickling instead of the zero-copy packing), to show what the packing buys.
 Each: one warm-up sync, then `--repeats` timed syncs (the whole `ParameterSynchronizer.sync`:
@@ -33,8 +33,13 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from asyncrl.sync import ParameterSynchronizer, RolloutWeights, TrainerWeights, export_named
-from asyncrl.workers.group import LocalHandle, WorkerHandle
+from asyncrl.sync import (
+    ParameterSynchronizer,
+    RolloutWeights,
+    TrainerWeights,
+    export_named,
+    make_transport,
+)
 
 MODELS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=103, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -57,15 +62,11 @@ class BenchTrainer(TrainerWeights):
 
 
 class BenchRollout(RolloutWeights):
+    """Pause/resume are no-ops: the transfer is what is measured."""
+
     def __init__(self, model: str) -> None:
         torch.set_num_threads(1)
         super().__init__(build(model, 1))
-
-    async def pause(self, interrupt: bool = False) -> None:
-        pass
-
-    async def resume(self) -> None:
-        pass
 
 
 class PickleObjectStore:
@@ -101,21 +102,23 @@ def copy_bound(model: str, repeats: int) -> tuple[float, int]:
     return best, total
 
 
-def handles(model: str, backend: str) -> tuple[WorkerHandle, list[WorkerHandle]]:
+def workers(model: str, backend: str) -> tuple[Any, list[Any], list[Any]]:
+    """(trainer, rollouts, Ray processes): objects in this process, or proxies on Ray actors."""
     if backend == "local":
-        return LocalHandle("trainer", BenchTrainer, model), [LocalHandle("rollout", BenchRollout, model)]
-    from asyncrl.workers.ray_host import make_handle
+        return BenchTrainer(model), [BenchRollout(model)], []
+    from asyncrl.workers.handles import Proxy
+    from asyncrl.workers.ray_host import RayHandle
 
-    trainer = make_handle("trainer", BenchTrainer, model, backend="ray", num_cpus=1)
-    return trainer, [make_handle("rollout", BenchRollout, model, backend="ray", num_cpus=1)]
+    processes = [RayHandle("trainer", BenchTrainer, model), RayHandle("rollout worker 0", BenchRollout, model)]
+    return Proxy(processes[0]), [Proxy(processes[1])], processes
 
 
 async def time_syncs(sync: ParameterSynchronizer, repeats: int) -> list[dict[str, float]]:
     await sync.setup()
-    await sync.sync(0)  # warm-up: plans, buffers, first object-store allocation
-    runs = [await sync.sync(v) for v in range(1, repeats + 1)]
-    want = await sync.trainer.call("weights_checksum")
-    got = await sync.rollouts[0].call("weights_checksum")
+    await sync.sync()  # warm-up: plans, buffers, first object-store allocation
+    runs = [await sync.sync() for _ in range(repeats)]
+    want = await sync.trainer.weights_checksum()
+    got = await sync.rollouts[0].weights_checksum()
     assert want == got, "the rollout does not hold the trainer's weights"
     await sync.close()
     return runs
@@ -123,15 +126,16 @@ async def time_syncs(sync: ParameterSynchronizer, repeats: int) -> list[dict[str
 
 def bench_transport(model: str, transport: str, args: argparse.Namespace) -> dict[str, Any]:
     backend = "local" if transport == "inprocess" else "ray"
-    trainer, rollouts = handles(model, backend)
-    real = "object_store" if transport == "object_store_pickle" else transport
-    sync = ParameterSynchronizer(trainer, rollouts, real, bucket_mb=args.bucket_mb)
+    trainer, rollouts, processes = workers(model, backend)
     if transport == "object_store_pickle":
-        sync.transport = PickleObjectStore(trainer, rollouts)
+        carrier: Any = PickleObjectStore(processes[0], processes[1:])
+    else:
+        carrier = make_transport(transport, trainer, rollouts, processes, bucket_mb=args.bucket_mb)
+    sync = ParameterSynchronizer(trainer, rollouts, carrier)
     try:
         runs = asyncio.run(time_syncs(sync, args.repeats))
     finally:
-        for h in [trainer, *rollouts]:
+        for h in processes:
             h.close()
     total = [r["timing_s/param_sync"] for r in runs]
     median = statistics.median(total)

@@ -97,8 +97,6 @@ class AsyncTrainer:
         with timer("wait_samples", metrics), self.ctx.trace.span("wait_samples", "trainer"):
             while len(groups) < want:
                 group = await self.queue.get()
-                if group is None:
-                    break
                 if self.budget.admissible(group.min_version, self.version):
                     groups.append(group)
                 else:

@@ -1,9 +1,9 @@
 """The bounded buffer of finished groups between the rollouter and the trainer (SPEC §3).
 
 A FIFO with a capacity: `put` waits while full, `get` waits while empty, and both waits are
-measured (a full queue or a starved trainer is visible, never silent). `close()` ends the
-stream: `get` then returns None once the buffer is drained. It lives in the driver process
-and holds plain `Group`s; it does not decide staleness (see `scheduling.staleness`).
+measured (a full queue or a starved trainer is visible, never silent). The stream ends when the
+trainer has what it needs (the pipeline stops; nothing is closed). It lives in the driver
+process and holds plain `Group`s; it does not decide staleness (see `scheduling.staleness`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ class MessageQueue:
         self.capacity = capacity
         self._items: deque[Group] = deque()
         self._changed = asyncio.Condition()
-        self._closed = False
         self.put_wait_s = 0.0
         self.get_wait_s = 0.0
         self.total_put = 0
@@ -33,28 +32,22 @@ class MessageQueue:
     async def put(self, group: Group) -> None:
         start = clock.now()
         async with self._changed:
-            await self._changed.wait_for(lambda: len(self._items) < self.capacity or self._closed)
-            assert not self._closed, "put after close"
+            await self._changed.wait_for(lambda: len(self._items) < self.capacity)
             self._items.append(group)
             self.total_put += 1
             self.max_size = max(self.max_size, len(self._items))
             self._changed.notify_all()
         self.put_wait_s += clock.now() - start
 
-    async def get(self) -> Group | None:
-        """The oldest group, or None when closed and drained."""
+    async def get(self) -> Group:
+        """The oldest group (waits while empty)."""
         start = clock.now()
         async with self._changed:
-            await self._changed.wait_for(lambda: bool(self._items) or self._closed)
-            item = self._items.popleft() if self._items else None
+            await self._changed.wait_for(lambda: bool(self._items))
+            item = self._items.popleft()
             self._changed.notify_all()
         self.get_wait_s += clock.now() - start
         return item
-
-    async def close(self) -> None:
-        async with self._changed:
-            self._closed = True
-            self._changed.notify_all()
 
     def metrics(self) -> dict[str, float]:
         return {"fully_async/queue/size": len(self._items), "fully_async/queue/max_size": self.max_size,

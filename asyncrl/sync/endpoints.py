@@ -1,24 +1,22 @@
-"""Reference trainer-side and rollout-side sync methods over a plain `nn.Module`.
+"""Both halves of weight sync over a plain `nn.Module`, as the roles the synchronizer calls.
 
-`ParameterSynchronizer` calls these method names on the worker objects behind its handles.
-A trainer or rollout worker can expose them by delegating to `TrainerWeights(model)` /
-`RolloutWeights(model)` (the tests and `bench/weight_sync.py` use them directly); a rollout
-worker also needs `async pause(interrupt)` and `async resume()` from its engine.
-
-Trainer side:  weight_meta() · export_weights() · weights_checksum() · broadcast_weights(g, mb)
-Rollout side:  load_weights(named, version) · weights_checksum() · receive_weights(g, meta, v, mb)
+`TrainerWeights(model)` is an `asyncrl.roles.WeightSource`; `RolloutWeights(model)` a
+`WeightSink` whose pause/resume do nothing (it has no engine to stop). Workers delegate to
+them (`PPOTrainer`), and tests and `bench/weight_sync.py` use them as they are.
 
 Not here: pausing engines, choosing a transport, timing (see `synchronizer`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from asyncrl.models.weights import load_into
+from asyncrl.roles import PauseMode
 from asyncrl.sync.buckets import DEFAULT_BUCKET_MB, recv_weights, send_weights
 from asyncrl.sync.tensors import NamedTensors, WeightMeta, checksum, export_named, weight_meta
 
@@ -29,17 +27,17 @@ class TrainerWeights:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
-    def weight_meta(self) -> list[WeightMeta]:
-        return weight_meta(self.export_weights())
+    async def weight_meta(self) -> list[WeightMeta]:
+        return weight_meta(export_named(self.model))
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
+    async def export_weights(self) -> dict[str, torch.Tensor]:
         return export_named(self.model)
 
-    def weights_checksum(self) -> str:
-        return checksum(self.export_weights())
+    async def weights_checksum(self) -> str:
+        return await asyncio.to_thread(checksum, export_named(self.model))
 
-    def broadcast_weights(self, group_name: str, bucket_mb: float = DEFAULT_BUCKET_MB) -> int:
-        return send_weights(group_name, self.export_weights(), bucket_mb)
+    async def broadcast_weights(self, group_name: str, bucket_mb: float = DEFAULT_BUCKET_MB) -> int:
+        return await asyncio.to_thread(send_weights, group_name, export_named(self.model), bucket_mb)
 
 
 class RolloutWeights:
@@ -49,13 +47,19 @@ class RolloutWeights:
         self.model = model
         self.version = version
 
-    def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
+    async def pause(self, mode: PauseMode = "keep") -> None:
+        pass
+
+    async def resume(self) -> None:
+        pass
+
+    async def load_weights(self, named_tensors: NamedTensors, version: int) -> None:
         load_into(self.model, named_tensors)
         self.version = version
 
-    def weights_checksum(self) -> str:
-        return checksum(export_named(self.model))
+    async def receive_weights(self, group_name: str, meta: Sequence[WeightMeta], version: int,
+                              bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+        await self.load_weights(await asyncio.to_thread(recv_weights, group_name, meta, bucket_mb), version)
 
-    def receive_weights(self, group_name: str, meta: Sequence[WeightMeta], version: int,
-                        bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
-        self.load_weights(recv_weights(group_name, meta, bucket_mb), version)
+    async def weights_checksum(self) -> str:
+        return checksum(export_named(self.model))

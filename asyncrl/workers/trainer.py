@@ -77,21 +77,19 @@ class PPOTrainer:
         """`train` on the worker thread: returns its own metrics."""
         return self.train(groups, {})
 
-    # The trainer's half of weight sync (asyncrl.roles.WeightSource).
+    # The trainer's half of weight sync (asyncrl.roles.WeightSource), called between updates.
     async def weight_meta(self) -> list[WeightMeta]:
-        return self.weights.weight_meta()
+        return await self.weights.weight_meta()
 
     async def export_weights(self) -> dict[str, torch.Tensor]:
         """The actor's tensors by name, uncopied (the receiver copies)."""
-        return self.weights.export_weights()
+        return await self.weights.export_weights()
 
-    @blocking
-    def weights_checksum(self) -> str:
-        return self.weights.weights_checksum()
+    async def weights_checksum(self) -> str:
+        return await self.weights.weights_checksum()
 
-    @blocking
-    def broadcast_weights(self, group_name: str, bucket_mb: float) -> int:
-        return self.weights.broadcast_weights(group_name, bucket_mb)
+    async def broadcast_weights(self, group_name: str, bucket_mb: float) -> int:
+        return await self.weights.broadcast_weights(group_name, bucket_mb)
 
     @blocking
     def save(self, path: Path) -> None:

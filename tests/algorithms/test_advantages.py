@@ -165,7 +165,14 @@ def test_missing_inputs_and_unknown_name_raise() -> None:
     with pytest.raises(ValueError, match="reward_baselines"):
         compute_advantage("remax", rewards, mask, ["p", "p"])
     assert {"gae"} == NEEDS_CRITIC
-    assert len(ADV_ESTIMATOR_NAMES) == 9
+
+
+def test_the_config_accepts_exactly_the_registered_estimators():
+    from asyncrl.config import ADV_ESTIMATORS, load_config
+
+    assert ADV_ESTIMATORS is ADV_ESTIMATOR_NAMES  # one definition
+    for name in ADV_ESTIMATOR_NAMES:
+        assert load_config(None, [f"algorithm.adv_estimator={name}"]).algorithm.adv_estimator == name
 
 
 def _run_all(name: str, rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor,

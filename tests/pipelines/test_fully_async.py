@@ -44,8 +44,8 @@ def test_threshold_zero_starts_exactly_R_times_T_per_version(tiny_cache, tmp_pat
 
 
 def test_no_trained_sample_exceeds_the_lag_cap(tiny_cache, tmp_path):
-    rows = run_pipeline(tmp_path, *SMALL, "async_training.staleness_threshold=2.0",
-                        "async_training.max_version_lag=1", "rollout.total_rollout_steps=40")
+    run_pipeline(tmp_path, *SMALL, "async_training.staleness_threshold=2.0",
+                 "async_training.max_version_lag=1", "rollout.total_rollout_steps=40")
     ledger = read_jsonl(tmp_path / "samples.jsonl")
     assert max(s["trained_at_version"] - s["start_version"] for s in ledger) <= 1
     assert len({s["prompt"] for s in ledger}) == 40 == len(ledger)
