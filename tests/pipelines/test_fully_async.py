@@ -52,9 +52,11 @@ def test_no_trained_sample_exceeds_the_lag_cap(tiny_cache, tmp_path):
 
 
 def test_partial_rollout_spans_versions(tiny_cache, tmp_path):
-    rows = run_pipeline(tmp_path, *SMALL, *MODES["d_partial"], "rollout.total_rollout_steps=40",
-                        "rollout.ignore_eos=true", "data.max_response_length=48",
-                        "rollout.max_num_seqs=8")  # groups queue in the engine: some always in flight
+    # threshold 1: 4 groups beyond the 4 an update takes, decoded one group (4 sequences) at a time, so
+    # some are always still decoding when the update ends and the sync interrupts them
+    rows = run_pipeline(tmp_path, *SMALL, *MODES["d_partial"], "async_training.staleness_threshold=1.0",
+                        "rollout.total_rollout_steps=40", "rollout.ignore_eos=true", "data.max_response_length=48",
+                        "rollout.max_num_seqs=4")
     assert max(r.get("fully_async/partial/continuations", 0) for r in rows) > 0
     assert max(s["segments"] for s in read_jsonl(tmp_path / "samples.jsonl")) >= 2
 
