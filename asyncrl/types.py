@@ -164,6 +164,11 @@ class Group:
     def min_version(self) -> int:
         return min(t.start_version for t in self.trajectories)
 
+    def unaborted(self) -> Group:
+        """This group's responses that finished (aborted ones are never scored); itself if all did."""
+        done = [t for t in self.trajectories if t.finish_reason != "aborted"]
+        return self if len(done) == len(self.trajectories) else Group(self.uid, self.row, done, self.baseline_reward)
+
 
 @dataclass(frozen=True)
 class EngineStats:

@@ -59,11 +59,10 @@ class SimRolloutServer:
             finished = await self.engine.generate(spec, self.workload.response_lengths(row, self.version, n))
         finally:
             del self._in_flight[uid]
-        trajectories = [_trajectory(f, spec, f"{uid}/{f[3]}", row) for f in sorted(finished, key=lambda f: f[3])]
-        group = Group(uid=uid, row=row, trajectories=trajectories)
-        done = [t for t in trajectories if t.finish_reason != "aborted"]
-        if score and done:
-            await self.score([Group(uid=uid, row=row, trajectories=done)])
+        group = Group(uid=uid, row=row, trajectories=[_trajectory(f, spec, f"{uid}/{f[3]}", row) for f in finished])
+        done = group.unaborted()
+        if score and done.trajectories:
+            await self.score([done])
         return group
 
     async def score(self, groups: list[Group]) -> list[Group]:

@@ -44,12 +44,12 @@ class RolloutServer:
         """The group of n responses to `row`, scored as soon as the last one finishes."""
         trajectories = await asyncio.gather(*(self._timed_sample(r) for r in self.requests.group(row, n, uid, mode)))
         group = Group(uid=uid, row=row, trajectories=list(trajectories))
-        finished = [t for t in group.trajectories if t.finish_reason != "aborted"]
         for t in group.trajectories:
             if t.finish_reason == "aborted":
                 t.reward_status = "aborted"
-        if score and finished:
-            await self.score([Group(uid=uid, row=row, trajectories=finished)])
+        finished = group.unaborted()
+        if score and finished.trajectories:
+            await self.score([finished])
         return group
 
     async def score(self, groups: list[Group]) -> list[Group]:
