@@ -186,9 +186,11 @@ class RewardConfig:
     custom_function: str = ""
     """A user scorer 'module:function' or 'file.py:function' (verl compute_score signature)."""
     timeout_s: float = 10.0
-    """A reward call past this many seconds scores 0 with status timeout."""
+    """A reward call past this many seconds is killed and scores 0 with status timeout."""
     num_workers: int = 2
-    """Concurrent reward calls."""
+    """Reward worker processes (each call runs in one; a call past timeout_s kills its process)."""
+    max_failure_ratio: float = 0.5
+    """Stop the run when more than this fraction of one step's rewards fail (error, timeout, invalid)."""
 
 
 @dataclass(frozen=True)
@@ -198,11 +200,17 @@ class TrainerConfig:
     test_freq: int = 10
     """Validate every N steps (0 = only at start and end)."""
     save_freq: int = 0
-    """Checkpoint every N steps (0 = only at the end)."""
-    output_dir: str = "outputs/run"
-    """Where metrics, checkpoints, traces and the resolved config go."""
-    resume: bool = True
-    """Resume from the latest checkpoint in output_dir if there is one."""
+    """Checkpoint every N steps (0 = only at the end and on a stop signal)."""
+    max_ckpt_to_keep: int = 3
+    """Complete checkpoints kept; older ones are deleted once a newer one is complete (0 = keep all)."""
+    output_dir: str = ""
+    """Where metrics, checkpoints, traces and the resolved config go ('' = outputs/<experiment_name>-<time>, new per run)."""
+    resume_mode: str = "auto"
+    """auto (continue output_dir's newest complete checkpoint, if any) | disable | a run or checkpoint directory."""
+    allow_config_change: bool = False
+    """Let a resumed run change the config it was started with (the differing keys are printed)."""
+    stop_timeout_s: float = 60.0
+    """On SIGINT/SIGTERM: seconds allowed to stop generation, finish the update and checkpoint."""
     logger: tuple[str, ...] = ("console", "jsonl", "tensorboard")
     """Metric sinks: console | jsonl | tensorboard | wandb."""
     project_name: str = "asyncrl"

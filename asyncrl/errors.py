@@ -23,6 +23,10 @@ class RolloutError(AsyncRLError, RuntimeError):
     """A rollout engine failed or was asked for something it cannot do."""
 
 
+class RewardError(AsyncRLError, RuntimeError):
+    """Too many rewards of a step failed; the message names the kind and the first traceback."""
+
+
 class RewardTimeout(AsyncRLError, TimeoutError):
     """A reward function ran past its time limit (turned into a score-0 result, never raised out)."""
 

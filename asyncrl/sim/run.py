@@ -26,7 +26,7 @@ from asyncrl.sim.summary import RunSummary, summarise
 def sim_config(cfg: Config) -> Config:
     """What a simulated run changes: it always starts fresh and always writes metrics.jsonl."""
     loggers = cfg.trainer.logger if "jsonl" in cfg.trainer.logger else (*cfg.trainer.logger, "jsonl")
-    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume=False, logger=loggers))
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume_mode="disable", logger=loggers))
 
 
 def simulate(cfg: Config, log: Callable[[str], None] = print) -> RunSummary:
