@@ -204,7 +204,7 @@ class TrainerConfig:
     max_ckpt_to_keep: int = 3
     """Complete checkpoints kept; older ones are deleted once a newer one is complete (0 = keep all)."""
     output_dir: str = ""
-    """Where metrics, checkpoints, traces and the resolved config go ('' = outputs/<experiment_name>-<time>, new per run)."""
+    """Where metrics, checkpoints, traces and config go ('' = outputs/<experiment_name>-<time>, new per run)."""
     resume_mode: str = "auto"
     """auto (continue output_dir's newest complete checkpoint, if any) | disable | a run or checkpoint directory."""
     allow_config_change: bool = False

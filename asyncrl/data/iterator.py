@@ -3,8 +3,14 @@
 `PromptIterator` hands out prompts one at a time (`take`) or a batch at a time (`next_batch`),
 both through one cursor, so synchronous and streaming pipelines see the same order. Epochs
 chain without a break: a batch may span an epoch boundary. Epoch e is a permutation drawn
-with `random.Random(seed + e)`, so the order depends only on (seed, epoch, len(rows)), and
-`state_dict()` is just (epoch, cursor): a restored iterator yields exactly the same prompts.
+with `random.Random(seed + e)`, so the order depends only on (seed, epoch, len(rows)).
+
+It is also the ledger of prompts handed out: a prompt is *outstanding* from `next_prompt` until
+the pipeline says it is `done` (trained, or consumed by dynamic sampling) or hands it back
+(`give_back`: generate it again). `state_dict()` is (epoch, cursor) plus the outstanding
+prompts' uids, and a restored iterator hands those out again first, in their order, so a run
+resumed from a checkpoint trains exactly the prompts the checkpoint's weights were not trained
+on: none lost, none twice.
 
 It does not tokenize, filter or load data, and it never drops the tail of an epoch.
 """
@@ -12,7 +18,8 @@ It does not tokenize, filter or load data, and it never drops the tail of an epo
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from asyncrl.errors import DataError
@@ -35,9 +42,14 @@ class PromptIterator:
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
+        self._by_uid = {r.uid: r for r in self._rows}
         self._epoch = 0
         self._cursor = 0
         self._order = self._permutation(0)
+        self._out: list[PromptRow] = []
+        """Handed out and not yet done, oldest first."""
+        self._replay: deque[PromptRow] = deque()
+        """Handed back (or outstanding at a restored checkpoint): handed out again first."""
 
     @property
     def epoch(self) -> int:
@@ -47,8 +59,40 @@ class PromptIterator:
     def __len__(self) -> int:
         return len(self._rows)
 
+    @property
+    def has_replay(self) -> bool:
+        """Whether prompts handed back wait to be handed out again."""
+        return bool(self._replay)
+
+    @property
+    def outstanding(self) -> list[PromptRow]:
+        """Prompts handed out and not done, then those waiting to be handed out again."""
+        return [*self._out, *self._replay]
+
     def next_prompt(self) -> PromptRow:
-        """The next single prompt (advancing to the next epoch when this one is exhausted)."""
+        """A handed-back prompt if any, else the next one of the stream (advancing to the next
+        epoch when this one is exhausted)."""
+        row = self._replay.popleft() if self._replay else self._draw()
+        self._out.append(row)
+        return row
+
+    def done(self, rows: Iterable[PromptRow]) -> None:
+        """These prompts are trained (or consumed): a checkpoint no longer lists them."""
+        for row in rows:
+            self._out.remove(row)
+
+    def give_back(self, row: PromptRow) -> None:
+        """Generate this outstanding prompt again (its group was dropped or aborted)."""
+        self._out.remove(row)
+        self._replay.append(row)
+
+    def claim(self, row: PromptRow) -> None:
+        """A prompt waiting to be handed out again is outstanding once more (its group was
+        restored from a checkpoint instead of generated again)."""
+        self._replay.remove(row)
+        self._out.append(row)
+
+    def _draw(self) -> PromptRow:
         row = self._rows[self._order[self._cursor]]
         self._cursor += 1
         if self._cursor == len(self._rows):
@@ -67,7 +111,8 @@ class PromptIterator:
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self._epoch, "cursor": self._cursor, "seed": self.seed,
-                "shuffle": self.shuffle, "num_rows": len(self._rows)}
+                "shuffle": self.shuffle, "num_rows": len(self._rows),
+                "outstanding": [r.uid for r in self.outstanding]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state_dict()`; the dataset must be the same size (and order) as when saved."""
@@ -82,6 +127,8 @@ class PromptIterator:
         self._epoch = int(state["epoch"])
         self._cursor = int(state["cursor"])
         self._order = self._permutation(self._epoch)
+        self._out = []
+        self._replay = deque(self._by_uid[uid] for uid in state.get("outstanding", ()))
 
     def _permutation(self, epoch: int) -> list[int]:
         order = list(range(len(self._rows)))

@@ -1,11 +1,17 @@
-"""The training loops, one per file; `pipeline_module(name)` finds the one `pipeline=` names."""
+"""The training loops, one per file; `pipeline_module(name)` finds the one `pipeline=` names,
+`run_pipeline(ctx)` runs it as `asyncrl train` does."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from asyncrl import names
+
+if TYPE_CHECKING:
+    from asyncrl.pipelines.setup import RunContext
 
 PIPELINE_MODULES = {"colocated": "asyncrl.pipelines.colocated",
                     "one_step_off": "asyncrl.pipelines.one_step_off",
@@ -16,3 +22,15 @@ assert tuple(PIPELINE_MODULES) == names.PIPELINES, "register the pipeline's name
 def pipeline_module(name: str) -> ModuleType:
     """The module whose `async run(ctx) -> int` is pipeline `name`."""
     return importlib.import_module(PIPELINE_MODULES[name])
+
+
+def run_pipeline(ctx: RunContext) -> int:
+    """Run `ctx.cfg.pipeline` to its end; SIGINT and SIGTERM stop it with a checkpoint
+    (`asyncrl.pipelines.stopping`, which raises `Stopped` once it is written)."""
+    from asyncrl.pipelines.stopping import handle_signals
+
+    async def main() -> int:
+        with handle_signals(ctx.stop):
+            return int(await pipeline_module(ctx.cfg.pipeline).run(ctx))
+
+    return asyncio.run(main())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asyncrl.pipelines.common import after_step, finish, interrupted, start, train, validate_before_training
+from asyncrl.pipelines.common import after_step, guarded, start, train, validate_before_training
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.telemetry.metrics import timer
 from asyncrl.types import Group, PromptRow
@@ -23,46 +23,46 @@ from asyncrl.types import Group, PromptRow
 
 async def run(ctx: RunContext) -> int:
     """Train until trainer.total_training_steps; returns the last finished step."""
-    step = 0
-    try:
-        step, _ = await start(ctx)
-        await validate_before_training(ctx, step)
-        while step < ctx.cfg.trainer.total_training_steps:
-            await train_one_step(ctx, step + 1)
-            step += 1
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        await interrupted(ctx, step)
-        raise
-    finally:
-        finish(ctx)
+    return await guarded(ctx, _loop(ctx))
+
+
+async def _loop(ctx: RunContext) -> int:
+    step, _ = await start(ctx)
+    await validate_before_training(ctx, step)
+    while step < ctx.cfg.trainer.total_training_steps:
+        step += 1
+        await train_one_step(ctx, step)
     return step
 
 
 async def train_one_step(ctx: RunContext, step: int) -> None:
     metrics: dict[str, float] = {}
     with timer("step", metrics):
-        groups = await generate_batch(ctx, step, metrics)
+        groups, filtered = await ctx.stop.race(generate_batch(ctx, step, metrics))
+        metrics |= await train(ctx, groups, step, consumed=[g.row for g in filtered])
         if groups:
-            metrics |= await train(ctx, groups, step)
             with ctx.trace.span("sync", "sync", step=step):
                 metrics |= await ctx.synchronizer.sync()
     await after_step(ctx, step, metrics, groups)
 
 
-async def generate_batch(ctx: RunContext, step: int, metrics: dict[str, float]) -> list[Group]:
-    """train_batch_size scored groups; with dynamic sampling, groups whose rewards all agree
-    are dropped and more prompts are generated (up to max_num_gen_batches rounds)."""
+async def generate_batch(ctx: RunContext, step: int, metrics: dict[str, float]) -> tuple[list[Group], list[Group]]:
+    """train_batch_size scored groups, and those generated but not trained; with dynamic
+    sampling, groups whose rewards all agree are dropped and more prompts are generated (up to
+    max_num_gen_batches rounds)."""
     want, fg = ctx.cfg.data.train_batch_size, ctx.cfg.algorithm.filter_groups
     kept: list[Group] = []
+    filtered: list[Group] = []
     rounds = 0
     while len(kept) < want and (rounds == 0 or not fg.max_num_gen_batches or rounds < fg.max_num_gen_batches):
         rounds += 1
         groups = await generate_scored(ctx, ctx.prompts.next_batch(), f"@{step}.{rounds}", metrics)
-        kept += [g for g in groups if len(set(g.rewards_G)) > 1] if fg.enable else groups
+        for g in groups:
+            (kept if not fg.enable or len(set(g.rewards_G)) > 1 else filtered).append(g)
     if fg.enable:
         metrics["train/num_gen_batches"] = rounds
         metrics["train/filtered_groups"] = rounds * want - len(kept)
-    return kept[:want]
+    return kept[:want], filtered + kept[want:]
 
 
 async def generate_scored(ctx: RunContext, rows: list[PromptRow], suffix: str,

@@ -1,36 +1,62 @@
-"""What every pipeline does around its loop: resume, validate on schedule, checkpoint on
-schedule, log a step, and stop cleanly (a checkpoint on Ctrl-C, the trace, sinks and workers
-closed). The loops themselves live one per file next to this module.
+"""What every pipeline does around its loop: resume, train and record an update, validate and
+checkpoint on schedule, log a step, and stop cleanly (`guarded`: a checkpoint on a stop signal
+or a failure outside the trainer, then the trace, sinks and workers closed). The loops
+themselves live one per file next to this module.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from asyncrl.pipelines.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from asyncrl.pipelines.checkpoint import load_checkpoint, save_checkpoint, snapshot
 from asyncrl.pipelines.setup import RunContext, open_tracker
+from asyncrl.pipelines.stopping import Stopped
 from asyncrl.telemetry.metrics import group_metrics, timer
-from asyncrl.types import Group
+from asyncrl.types import Group, PromptRow
 from asyncrl.workers.validation import summarise
 
 
 async def start(ctx: RunContext, total_steps: int | None = None) -> tuple[int, dict[str, Any]]:
-    """Set up weight sync, resume from the latest checkpoint if any: (last step, extras).
-    A resumed run pushes the checkpoint's weights to the rollout side once, at the policy
-    version it saved. `total_steps` overrides trainer.total_training_steps where a pipeline
-    counts differently."""
+    """Set up weight sync, resume from `ctx.resume_from` if set: (last step, the pipeline's
+    checkpointed state). A resumed run pushes the checkpoint's weights to the rollout side once,
+    at the policy version it saved. `total_steps` overrides trainer.total_training_steps where a
+    pipeline counts differently."""
     ctx.total_steps = total_steps or ctx.cfg.trainer.total_training_steps
     await ctx.synchronizer.setup()
-    path = latest_checkpoint(ctx) if ctx.cfg.trainer.resume else None
-    state: dict[str, Any] = {"step": 0, "extra": {}}
-    if path is not None:
-        state = await load_checkpoint(ctx, path)
-        await ctx.synchronizer.push(state.get("version", 0) + int(state.get("behind", False)))
-        ctx.log(f"resumed from {path} (step {state['step']}, policy version {ctx.synchronizer.version})")
+    state: dict[str, Any] = {"step": 0, "pipeline": {}}
+    if ctx.resume_from is not None:
+        state = await load_checkpoint(ctx, ctx.resume_from)
+        ctx.resumed_from = ctx.resume_from
+        await ctx.synchronizer.push(state["version"] + int(state["behind"]))
+        ctx.log(f"resumed from {ctx.resume_from} (step {state['step']}, policy version {ctx.synchronizer.version}, "
+                f"{len(ctx.prompts.outstanding)} prompts handed out and not trained to generate again)")
+    else:
+        ctx.ledger.rollback(0)  # a fresh run in a used directory lists only its own samples
     ctx.tracker = open_tracker(ctx, state["step"])
-    return state["step"], state["extra"]
+    return state["step"], state["pipeline"]
+
+
+async def guarded(ctx: RunContext, loop: Coroutine[Any, Any, int]) -> int:
+    """Run a pipeline's loop. On a stop signal, a cancellation or a failure outside the trainer,
+    first checkpoint the last finished update (its prompts handed out and not trained are listed
+    in it), then re-raise; a failure during an update saves nothing (the weights may be half
+    updated). Always closes the run."""
+    try:
+        return await loop
+    except (Stopped, KeyboardInterrupt, asyncio.CancelledError):
+        await interrupted(ctx)
+        raise
+    except Exception:
+        if not ctx.training:
+            try:
+                await interrupted(ctx)
+            except Exception as exc:  # noqa: BLE001 - the run's own error is the one to raise
+                ctx.log(f"no checkpoint written after the failure: {exc}")
+        raise
+    finally:
+        finish(ctx)
 
 
 async def run_validation(ctx: RunContext, step: int) -> dict[str, float]:
@@ -44,12 +70,36 @@ async def run_validation(ctx: RunContext, step: int) -> dict[str, float]:
     return metrics | summarise(list(groups), k)
 
 
-async def train(ctx: RunContext, groups: Sequence[Group], step: int) -> dict[str, float]:
-    """One policy update on these groups; the rollout side is then behind the trainer."""
-    with ctx.trace.span("train", "trainer", step=step):
-        metrics = await ctx.trainer.train_groups(groups)
-    ctx.synchronizer.behind = True
+async def train(ctx: RunContext, groups: Sequence[Group], step: int,
+                consumed: Sequence[PromptRow] = ()) -> dict[str, float]:
+    """Update `step` on these groups, recorded as trained (prompt stream, samples.jsonl) along
+    with the `consumed` prompts (generated but filtered out); the rollout side is then behind the
+    trainer. A cancellation waits for the update to end and
+    records it before it propagates, so the weights and the record never disagree. With no
+    groups (dynamic sampling kept none) the step is recorded without an update."""
+    if not groups:
+        _record(ctx, groups, step, consumed)
+        return {}
+    update = asyncio.ensure_future(ctx.trainer.train_groups(groups))
+    ctx.training = True  # until recorded: a failed update leaves it set, and nothing is saved
+    try:
+        with ctx.trace.span("train", "trainer", step=step):
+            metrics = await asyncio.shield(update)
+    except asyncio.CancelledError:
+        await asyncio.wait({update})  # the update runs on in its worker: let it end
+        if not update.cancelled() and update.exception() is None:
+            _record(ctx, groups, step, consumed)
+        raise
+    _record(ctx, groups, step, consumed)
     return metrics
+
+
+def _record(ctx: RunContext, groups: Sequence[Group], step: int, consumed: Sequence[PromptRow]) -> None:
+    ctx.training = False
+    ctx.synchronizer.behind |= bool(groups)
+    ctx.step = step
+    ctx.prompts.done([*(g.row for g in groups), *consumed])
+    ctx.ledger.record(groups, step, ctx.synchronizer.version)
 
 
 def due(step: int, freq: int, total: int) -> bool:
@@ -57,10 +107,11 @@ def due(step: int, freq: int, total: int) -> bool:
 
 
 async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
-                     groups: Sequence[Group], extra: dict[str, Any] | None = None,
-                     validate_now: bool | None = None) -> None:
-    """Data metrics, scheduled validation and checkpoint, then log the step."""
+                     groups: Sequence[Group], validate_now: bool | None = None) -> None:
+    """Data metrics, scheduled validation and checkpoint, then log the step; then stop if a
+    stop signal came."""
     t = ctx.cfg.trainer
+    state = snapshot(ctx)  # now: the rollout side goes on while we validate
     if groups:
         metrics |= group_metrics(groups, ctx.cfg.data.max_response_length)
         for g in groups:
@@ -73,8 +124,9 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
         metrics |= await run_validation(ctx, step)
     if due(step, t.save_freq, ctx.total_steps):
         with timer("save_checkpoint", metrics):
-            await save_checkpoint(ctx, step, extra)
+            await save_checkpoint(ctx, state)
     log_step(ctx, step, metrics)
+    ctx.stop.check()
 
 
 def log_step(ctx: RunContext, step: int, metrics: dict[str, float]) -> None:
@@ -87,17 +139,23 @@ async def validate_before_training(ctx: RunContext, step: int) -> None:
         log_step(ctx, 0, await run_validation(ctx, 0))
 
 
-async def interrupted(ctx: RunContext, step: int, extra: dict[str, Any] | None = None) -> None:
-    """Ctrl-C: keep the work done so far."""
-    if step > 0:
-        path = await save_checkpoint(ctx, step, extra)
-        ctx.log(f"interrupted: saved {path}; run the same command again to resume")
+async def interrupted(ctx: RunContext) -> None:
+    """Keep the work done so far: a checkpoint of the last finished update."""
+    if ctx.step == 0:
+        return
+    path = await save_checkpoint(ctx)
+    ctx.log(f"stopped: {path} holds update {ctx.step}; resume with trainer.output_dir={ctx.output_dir} "
+            "(trainer.resume_mode=auto)")
 
 
 def finish(ctx: RunContext) -> None:
-    ctx.trace.export(ctx.output_dir / "trace.json")
+    try:
+        ctx.trace.export(ctx.output_dir / "trace.json")
+    except OSError as exc:
+        ctx.log(f"trace.json not written: {exc}")
     if ctx.tracker is not None:
         ctx.tracker.close()
+    ctx.ledger.close()
     ctx.close()
 
 

@@ -12,24 +12,19 @@ Modes: (a) T=1, threshold 0: on-policy streaming; (b) T>1, threshold 0: stream o
 the sync waits for in-flight groups; (d) with `partial_rollout`: the sync interrupts in-flight
 generation, loads the new weights and the same samples continue from their partial responses.
 `max_version_lag` drops (and regenerates) any group older than the cap, so no trained sample
-exceeds it. Every prompt is trained exactly once: `samples.jsonl` records each one.
+exceeds it. Every prompt is trained exactly once: `samples.jsonl` records each one. A
+checkpoint holds the queue's finished groups (with their tokens, behaviour log-probs and
+versions) and the staleness counters; prompts in flight are listed by the prompt stream and
+generated again on resume, so a resumed run trains exactly the prompts not yet trained.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
+from typing import Any
 
-from asyncrl.pipelines.common import (
-    after_step,
-    finish,
-    interrupted,
-    staleness_metrics,
-    start,
-    train,
-    validate_before_training,
-)
+from asyncrl.pipelines.common import after_step, guarded, staleness_metrics, start, train, validate_before_training
 from asyncrl.pipelines.rollouter import Rollouter
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.queue.message_queue import MessageQueue
@@ -49,7 +44,6 @@ class AsyncTrainer:
         self.total_prompts = total_prompts
         self.trained = 0
         self.dropped = 0
-        self.ledger = (ctx.output_dir / "samples.jsonl").open("a")
 
     @property
     def total_updates(self) -> int:
@@ -70,25 +64,34 @@ class AsyncTrainer:
                     break
                 with timer("train", metrics):
                     metrics |= await train(self.ctx, groups, step)
-                self.record(groups)
+                self.trained += len(groups)
                 metrics |= staleness_metrics(groups, self.version)
                 if step % self.T == 0 or self.trained >= self.total_prompts:
                     metrics |= await self.sync()
             metrics |= self.step_metrics(metrics)
-            await after_step(self.ctx, step, metrics, groups, self.state(),
-                             validate_now=self.validation_due(step))
+            await after_step(self.ctx, step, metrics, groups, validate_now=self.validation_due(step))
         await self.rollouter.finish()
         return step
 
-    def state(self) -> dict[str, int]:
-        """What a checkpoint needs to continue the count (the policy version is saved with the
-        synchronizer's). Groups queued or in flight at the checkpoint are not saved: a resumed
-        run starts after them (not lossless yet)."""
-        return {"trained": self.trained, "dropped": self.dropped}
+    def state(self) -> dict[str, Any]:
+        """The pipeline's part of a checkpoint (the policy version is the synchronizer's, the
+        prompts in flight are the prompt stream's): counts, the staleness budget, the queue."""
+        return {"trained": self.trained, "dropped": self.dropped, "started": self.rollouter.started,
+                "in_flight": self.rollouter.in_flight, "budget_started": self.budget.started,
+                "num_stale": self.budget.num_stale, "queue": self.queue.items}
 
-    def restore(self, state: dict[str, int]) -> None:
-        self.trained = state.get("trained", 0)
-        self.dropped = state.get("dropped", 0)
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from `state()`: queued groups go back into the queue (not generated again);
+        the prompts in flight then are started again, counted against the budget anew."""
+        if not state:
+            return
+        self.trained, self.dropped = state["trained"], state["dropped"]
+        self.rollouter.started = state["started"]
+        self.budget.started = max(state["budget_started"] - state["in_flight"], 0)
+        self.budget.num_stale = state["num_stale"]
+        for group in state["queue"]:
+            self.ctx.prompts.claim(group.row)
+        self.queue.restore(state["queue"])
 
     async def collect(self, metrics: dict[str, float]) -> list[Group]:
         """The next R prompts' groups (fewer at the end), skipping any past the lag cap."""
@@ -96,7 +99,7 @@ class AsyncTrainer:
         groups: list[Group] = []
         with timer("wait_samples", metrics), self.ctx.trace.span("wait_samples", "trainer"):
             while len(groups) < want:
-                group = await self.queue.get()
+                group = await self.ctx.stop.race(self.queue.get())
                 if self.budget.admissible(group.min_version, self.version):
                     groups.append(group)
                 else:
@@ -116,16 +119,6 @@ class AsyncTrainer:
         self.rollouter.release()
         return metrics
 
-    def record(self, groups: list[Group]) -> None:
-        self.trained += len(groups)
-        for g in groups:
-            self.ledger.write(json.dumps({
-                "uid": g.uid, "prompt": g.row.uid, "trained_at_version": self.version,
-                "start_version": g.min_version,
-                "end_version": max(t.end_version for t in g.trajectories),
-                "segments": max(t.num_segments for t in g.trajectories)}) + "\n")
-        self.ledger.flush()
-
     def step_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         step_s = metrics.get("timing_s/step", 0.0) or 1e-9
         return (self.queue.metrics() | self.rollouter.metrics()
@@ -144,31 +137,29 @@ def total_prompts(ctx: RunContext) -> int:
 
 
 async def run(ctx: RunContext) -> int:
-    a, step = ctx.cfg.async_training, 0
+    return await guarded(ctx, _loop(ctx))
+
+
+async def _loop(ctx: RunContext) -> int:
+    a = ctx.cfg.async_training
     R = prompts_per_update(a.require_batches, ctx.cfg.actor.ppo_mini_batch_size)
     budget = StalenessBudget(R, a.trigger_parameter_sync_step, a.staleness_threshold, a.max_version_lag)
     queue = MessageQueue(capacity=max(2 * budget.per_version, 1))
     rollouter = Rollouter(ctx, queue, budget, total_prompts(ctx))
     trainer = AsyncTrainer(ctx, queue, rollouter, budget, total_prompts(ctx))
-    rollout_task: asyncio.Task[None] | None = None
-    train_task: asyncio.Task[int] | None = None
+    ctx.pipeline_state = trainer.state
+    step, state = await start(ctx, total_steps=trainer.total_updates)
+    trainer.restore(state)
+    await validate_before_training(ctx, step)
+    rollout_task = asyncio.create_task(rollouter.run())
+    train_task = asyncio.create_task(trainer.run(step))
     try:
-        step, extra = await start(ctx, total_steps=trainer.total_updates)
-        trainer.restore(extra)
-        rollouter.started = trainer.trained
-        await validate_before_training(ctx, step)
-        rollout_task = asyncio.create_task(rollouter.run())
-        train_task = asyncio.create_task(trainer.run(step))
         done, _ = await asyncio.wait({rollout_task, train_task}, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
             task.result()  # a crash in either loop fails the run with its error
-        step = await train_task
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        await interrupted(ctx, step)
-        raise
+        return await train_task
     finally:
-        for task in (t for t in (rollout_task, train_task) if t is not None):
-            task.cancel()
-        trainer.ledger.close()
-        finish(ctx)
-    return step
+        rollout_task.cancel()
+        rollouter.cancel()
+        train_task.cancel()  # an update in flight ends and is recorded first (common.train)
+        await asyncio.gather(rollout_task, train_task, return_exceptions=True)

@@ -3,14 +3,14 @@ prompt as the staleness budget allows, and puts finished groups into the queue.
 
 It runs in the driver's event loop; generation itself happens on the rollout hosts. It is
 idle (`rollouter/idle_ratio`) when no group is in flight: held for a sync, out of budget, or
-out of prompts. Prompts handed back by the trainer (past the lag cap) are started first, so
-the stream ends only when the trainer says every prompt is trained.
+out of prompts. Prompts handed back to the stream (a group past the lag cap, or prompts that
+were in flight at the checkpoint a run resumed from) are started first, without counting
+against `total_prompts`, so the stream ends only when the trainer says every prompt is trained.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.queue.message_queue import MessageQueue
@@ -25,8 +25,8 @@ class Rollouter:
         self.ctx, self.queue, self.budget = ctx, queue, budget
         self.total_prompts = total_prompts
         self.started = 0
+        """Prompts drawn from the stream (not counting those handed back and started again)."""
         self.in_flight = 0
-        self._requeued: deque[PromptRow] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Condition()
         self._held = False
@@ -56,13 +56,12 @@ class Rollouter:
             self._changed.notify_all()
 
     def _may_start(self) -> bool:
-        has_prompt = self.started < self.total_prompts or bool(self._requeued)
+        has_prompt = self.started < self.total_prompts or self.ctx.prompts.has_replay
         return has_prompt and not self._held and self.budget.can_start()
 
     def _next_row(self) -> PromptRow:
-        if self._requeued:
-            return self._requeued.popleft()
-        self.started += 1
+        if not self.ctx.prompts.has_replay:
+            self.started += 1
         return self.ctx.prompts.next_prompt()
 
     def _launch(self, row: PromptRow) -> None:
@@ -94,8 +93,14 @@ class Rollouter:
 
     def requeue(self, row: PromptRow) -> None:
         """A prompt whose group was too stale to train: generate it again."""
-        self._requeued.append(row)
+        self.ctx.prompts.give_back(row)
         asyncio.get_running_loop().create_task(self._notify())
+
+    def cancel(self) -> None:
+        """Stop waiting for the groups in flight (the run is ending; their prompts stay
+        outstanding in the prompt stream, so a checkpoint lists them)."""
+        for task in self._tasks:
+            task.cancel()
 
     async def _notify(self) -> None:
         async with self._changed:

@@ -10,11 +10,14 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import check_pipeline_keys, config_to_dict, dump_config
 from asyncrl.config_schema import Config
 from asyncrl.data import PromptIterator
+from asyncrl.pipelines.ledger import SampleLedger
+from asyncrl.pipelines.rundir import prepare_run
+from asyncrl.pipelines.stopping import StopControl
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.sync import ParameterSynchronizer
 from asyncrl.telemetry.loggers import Tracker, make_tracker
@@ -83,10 +86,22 @@ class RunContext:
     trainer: TrainerSide
     synchronizer: ParameterSynchronizer
     trace: Trace
+    ledger: SampleLedger
+    stop: StopControl
     close: Callable[[], None]
     log: Callable[[str], None] = print
     tracker: Tracker | None = None
     total_steps: int = 0
+    step: int = 0
+    """Policy updates finished (and recorded in the prompt stream and the ledger)."""
+    training: bool = False
+    """An update is running: its weights and its prompts do not agree until it ends."""
+    resume_from: Path | None = None
+    """The checkpoint this run starts from (`trainer.resume_mode`)."""
+    resumed_from: Path | None = None
+    """The checkpoint it did start from, once loaded: never rewritten."""
+    pipeline_state: Callable[[], dict[str, Any]] | None = None
+    """The pipeline's own part of a checkpoint, taken at one instant (see `checkpoint.snapshot`)."""
 
 
 def build_context(cfg: Config, *, log: Callable[[str], None] = print,
@@ -99,6 +114,7 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = print,
     if substrate is None:
         check_pipeline_keys(cfg)
         substrate = substrate_for(cfg)
+    cfg, resume_from = prepare_run(cfg, log)
     seed_everything(cfg.seed)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -110,7 +126,9 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = print,
     return RunContext(cfg=cfg, output_dir=out, tokenizer=data.tokenizer, train_rows=data.train_rows,
                       val_rows=data.val_rows, prompts=prompts, rollout=RolloutRouter(workers.rollouts),
                       trainer=workers.trainer, synchronizer=sync,
-                      trace=Trace(max_events=substrate.trace_max_events), close=workers.close, log=log)
+                      trace=Trace(max_events=substrate.trace_max_events), ledger=SampleLedger(out / "samples.jsonl"),
+                      stop=StopControl(cfg.trainer.stop_timeout_s, log), close=workers.close, log=log,
+                      resume_from=resume_from)
 
 
 def open_tracker(ctx: RunContext, initial_step: int) -> Tracker:

@@ -49,6 +49,17 @@ class MessageQueue:
         self.get_wait_s += clock.now() - start
         return item
 
+    @property
+    def items(self) -> list[Group]:
+        """The queued groups, oldest first (a checkpoint saves them)."""
+        return list(self._items)
+
+    def restore(self, groups: list[Group]) -> None:
+        """Queue groups saved by a checkpoint (before anything is put or got)."""
+        assert not self._items, "restore into an empty queue"
+        self._items.extend(groups)
+        self.max_size = max(self.max_size, len(self._items))
+
     def metrics(self) -> dict[str, float]:
         return {"fully_async/queue/size": len(self._items), "fully_async/queue/max_size": self.max_size,
                 "fully_async/queue/put_wait_s": self.put_wait_s,

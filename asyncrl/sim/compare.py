@@ -20,7 +20,7 @@ from pathlib import Path
 from asyncrl.config import load_config
 from asyncrl.config_schema import Config
 from asyncrl.errors import ConfigError
-from asyncrl.sim.run import simulate
+from asyncrl.sim.run import sim_config, simulate
 from asyncrl.sim.summary import RunSummary, table
 
 
@@ -59,7 +59,7 @@ def _colocated_on_all(cfg: Config) -> str:
 
 def compare(path: str | None, overrides: list[str], variants: list[str],
             log: Callable[[str], None] = print) -> list[RunSummary]:
-    base = load_config(path, overrides)
+    base = sim_config(load_config(path, overrides))
     out = Path(base.trainer.output_dir)
     summaries = []
     for i, (label, extra) in enumerate(expand(variants, base).items()):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from asyncrl.config_schema import Config
 from asyncrl.pipelines import pipeline_module
+from asyncrl.pipelines.rundir import new_run_dir
 from asyncrl.pipelines.setup import build_context
 from asyncrl.sim.loop import run_virtual
 from asyncrl.sim.profile import load_profile
@@ -24,9 +25,13 @@ from asyncrl.sim.summary import RunSummary, summarise
 
 
 def sim_config(cfg: Config) -> Config:
-    """What a simulated run changes: it always starts fresh and always writes metrics.jsonl."""
-    loggers = cfg.trainer.logger if "jsonl" in cfg.trainer.logger else (*cfg.trainer.logger, "jsonl")
-    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume_mode="disable", logger=loggers))
+    """What a simulated run changes: it always starts fresh (in a new run directory unless
+    trainer.output_dir names one) and always writes metrics.jsonl."""
+    t = cfg.trainer
+    loggers = t.logger if "jsonl" in t.logger else (*t.logger, "jsonl")
+    out = t.output_dir or str(new_run_dir(f"sim-{t.experiment_name}"))
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, resume_mode="disable", logger=loggers,
+                                                                output_dir=out))
 
 
 def simulate(cfg: Config, log: Callable[[str], None] = print) -> RunSummary:

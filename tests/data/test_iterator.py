@@ -40,7 +40,7 @@ def test_take_and_next_batch_share_one_cursor() -> None:
 @pytest.mark.parametrize("consumed", [0, 3, 7, 9, 20])
 def test_restore_gives_identical_continuation(consumed: int) -> None:
     it = PromptIterator(ROWS, 3, seed=11)
-    it.take(consumed)
+    it.done(it.take(consumed))
     state = it.state_dict()
     expected = _uids(it.take(25))  # crosses several epoch boundaries
     fresh = PromptIterator(ROWS, 3, seed=0)
@@ -57,3 +57,28 @@ def test_restore_onto_a_different_dataset_size_fails() -> None:
 def test_empty_dataset_is_a_data_error() -> None:
     with pytest.raises(DataError, match="no prompts"):
         PromptIterator([], 3)
+
+
+def test_outstanding_prompts_are_handed_out_again_after_restore() -> None:
+    it = PromptIterator(ROWS, 2, seed=3)
+    trained, in_flight = it.next_batch(), it.next_batch()
+    it.done(trained)
+    dropped = it.next_prompt()
+    it.give_back(dropped)
+    state = it.state_dict()
+    assert state["outstanding"] == _uids(in_flight) + [dropped.uid]
+    rest = _uids(it.take(4))  # the dropped prompt first, then the stream
+    resumed = PromptIterator(ROWS, 2, seed=3)
+    resumed.load_state_dict(state)
+    assert _uids(resumed.take(2 + 4)) == _uids(in_flight) + rest
+    assert _uids(resumed.outstanding) == _uids(in_flight) + rest
+
+
+def test_claimed_prompts_are_outstanding_not_replayed() -> None:
+    it = PromptIterator(ROWS, 2, seed=3, shuffle=False)
+    restored = PromptIterator(ROWS, 2, seed=3, shuffle=False)
+    it.take(2)
+    restored.load_state_dict(it.state_dict())
+    restored.claim(ROWS[0])
+    assert _uids(restored.take(2)) == ["train-1", "train-2"]
+    assert _uids(restored.outstanding) == ["train-0", "train-1", "train-2"]

@@ -65,5 +65,5 @@ def test_interrupt_saves_a_checkpoint(tiny_cache, tmp_path):
         return False
 
     assert asyncio.run(main())
-    path = latest_checkpoint(ctx)
+    path = latest_checkpoint(ctx.output_dir)
     assert path is not None and (path / "actor" / "model.safetensors").exists()
