@@ -3,6 +3,14 @@
 `make_tracker(names, output_dir, ...)` returns one object whose `log(metrics, step)` fans out
 to every configured sink. Keys are flat with slashes (verl's names). W&B is optional: it is
 imported only when asked for, and honours WANDB_MODE=offline.
+
+A run resumed from the checkpoint of step K (`initial_step=K > 0`) continues the same records:
+metrics.jsonl drops its lines past step K, TensorBoard hides events past step K (`purge_step`),
+and W&B reopens the run whose id the first run stored in `wandb_run_id.txt`. What an interrupted
+run logged after its last checkpoint is thus replaced by what the resumed run logs again, except
+in W&B, which keeps a run's history append-only (it ignores steps at or below its last one, with
+a warning). A fresh run (`initial_step=0`) in a used directory appends to metrics.jsonl and
+TensorBoard and starts a new W&B run.
 """
 
 from __future__ import annotations
@@ -10,9 +18,11 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from asyncrl.fsutil import atomic_write_text
 
 CONSOLE_KEYS = ("critic/score/mean", "val/score/mean", "response_length/mean", "actor/pg_loss",
                 "timing_s/step", "trainer/idle_ratio")
@@ -23,8 +33,16 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+WANDB_ID_FILE = "wandb_run_id.txt"
+
+
 class JsonlSink:
-    def __init__(self, path: Path) -> None:
+    """One line per `log`: `{"step": N, key: value, ...}`, non-finite values as null. Resuming at
+    `resume_step` > 0 first rolls the file back to the lines of steps <= resume_step."""
+
+    def __init__(self, path: Path, resume_step: int = 0, log: Callable[[str], None] = print) -> None:
+        if resume_step > 0 and path.exists():
+            rollback_jsonl(path, resume_step, log)
         self.file = path.open("a")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -38,10 +56,13 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    def __init__(self, logdir: Path) -> None:
+    """`purge_step=P`: TensorBoard hides the events of this logdir with step >= P (written as a
+    SessionLog.START at step P in the new event file); P = K + 1 on resuming at step K."""
+
+    def __init__(self, logdir: Path, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(logdir))
+        self.writer = SummaryWriter(str(logdir), purge_step=purge_step)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for k, v in metrics.items():
@@ -53,10 +74,19 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    def __init__(self, project: str, name: str, config: dict[str, Any], output_dir: Path) -> None:
+    """A resumed run (`resume=True`) reopens the W&B run whose id is in OUTPUT_DIR/wandb_run_id.txt;
+    otherwise a new W&B run starts and its id is stored there."""
+
+    def __init__(self, project: str, name: str, config: dict[str, Any], output_dir: Path,
+                 resume: bool = False) -> None:
         import wandb
 
-        self.run = wandb.init(project=project, name=name, config=config, dir=str(output_dir))
+        id_file = output_dir / WANDB_ID_FILE
+        run_id = id_file.read_text().strip() if resume and id_file.exists() else ""
+        kwargs: dict[str, Any] = {"id": run_id, "resume": "allow"} if run_id else {}
+        self.run = wandb.init(project=project, name=name, config=config, dir=str(output_dir), **kwargs)
+        if not run_id:
+            atomic_write_text(id_file, f"{self.run.id}\n")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -103,15 +133,48 @@ class Tracker:
 
 
 def make_tracker(names: Sequence[str], output_dir: Path, *, total_steps: int, initial_step: int,
-                 project: str, experiment: str, config: dict[str, Any]) -> Tracker:
+                 project: str, experiment: str, config: dict[str, Any],
+                 log: Callable[[str], None] = print) -> Tracker:
+    """`initial_step`: the checkpoint step a run resumes from (0: a fresh run)."""
+    resume = initial_step > 0
     sinks: list[Sink] = []
     for name in names:
         if name == "console":
             sinks.append(ConsoleSink(total_steps, initial_step))
         elif name == "jsonl":
-            sinks.append(JsonlSink(output_dir / "metrics.jsonl"))
+            sinks.append(JsonlSink(output_dir / "metrics.jsonl", initial_step, log))
         elif name == "tensorboard":
-            sinks.append(TensorBoardSink(output_dir / "tensorboard"))
+            sinks.append(TensorBoardSink(output_dir / "tensorboard", initial_step + 1 if resume else None))
         elif name == "wandb":
-            sinks.append(WandbSink(project, experiment, config, output_dir))
+            sinks.append(WandbSink(project, experiment, config, output_dir, resume))
     return Tracker(sinks)
+
+
+def rollback_jsonl(path: Path, last_step: int, log: Callable[[str], None] = print) -> None:
+    """Keep only the lines of steps <= last_step, rewriting the file atomically. Lines that are
+    not a JSON record with an integer "step" (a line torn by a crash) are dropped too."""
+    kept: list[str] = []
+    dropped = unreadable = 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        step = _step_of(line)
+        if step is None:
+            unreadable += 1
+        elif step <= last_step:
+            kept.append(line + "\n")
+        else:
+            dropped += 1
+    if dropped or unreadable:
+        atomic_write_text(path, "".join(kept))
+        log(f"{path}: resuming after step {last_step}: dropped {dropped} later records"
+            + (f" and {unreadable} unreadable lines" if unreadable else ""))
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -1,0 +1,111 @@
+"""trace.json: spans as Chrome trace events; a resumed run appends its spans after the earlier
+segment's, and a failed write (a full disk) leaves the earlier file whole."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+
+from asyncrl.telemetry.clock import use_clock
+from asyncrl.telemetry.trace import Trace
+
+
+class ManualClock:
+    def __init__(self, start: float = 0.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def spans(path):
+    """(name, worker, ts, dur) of each span in the file, in file order."""
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    return [(e["name"], names[e["tid"]], e["ts"], e["dur"]) for e in events if e["ph"] == "X"]
+
+
+def segment(path, start, spans_s, dropped=0, log=print):
+    """A run segment whose trace starts at clock reading `start` and records (name, worker, from, to)."""
+    with use_clock(ManualClock(start)):
+        trace = Trace()
+    trace.dropped = dropped
+    for name, worker, t0, t1 in spans_s:
+        trace.add(name, worker, start + t0, start + t1)
+    return trace.export(path, log=log)
+
+
+def test_trace_export(tmp_path):
+    trace = Trace()
+    with trace.span("train", "trainer", step=1):
+        pass
+    trace.add("gen", "rollout/gen", trace.now(), trace.now() + 0.5, sample="p/0", version=3)
+    assert trace.export(tmp_path / "trace.json")
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    x = [e for e in events if e["ph"] == "X"]
+    assert {e["name"] for e in x} == {"train", "gen"}
+    gen = next(e for e in x if e["name"] == "gen")
+    assert gen["args"] == {"sample": "p/0", "version": 3} and abs(gen["dur"] - 5e5) < 1e3
+
+
+def test_resumed_run_appends_after_the_earlier_spans(tmp_path):
+    path = tmp_path / "trace.json"
+    segment(path, 0.0, [("gen", "rollout", 0.0, 1.0), ("train", "trainer", 1.0, 3.0)], dropped=2)
+    # The simulator's clock restarts at 0 on resume: the new spans go after the last earlier one.
+    segment(path, 0.0, [("train", "trainer", 0.0, 0.5), ("sync", "syncer", 0.5, 1.0)], dropped=1)
+    assert spans(path) == [("gen", "rollout", 0.0, 1e6), ("train", "trainer", 1e6, 2e6),
+                           ("train", "trainer", 3e6, 0.5e6), ("sync", "syncer", 3.5e6, 0.5e6)]
+    assert json.loads(path.read_text())["otherData"]["dropped_events"] == 3
+    segment(path, 0.0, [("gen", "rollout", 0.0, 1.0)])
+    assert spans(path)[-1] == ("gen", "rollout", 4e6, 1e6)
+
+
+def test_wall_clock_gap_between_segments_is_kept(tmp_path):
+    path = tmp_path / "trace.json"
+    segment(path, 1000.0, [("train", "trainer", 0.0, 1.0)])
+    segment(path, 1100.0, [("train", "trainer", 0.0, 1.0)])
+    segment(path, 1100.5, [("train", "trainer", 0.0, 1.0)])  # overlaps the previous: placed after it
+    assert [s[2] for s in spans(path)] == [0.0, 100e6, 101e6]
+
+
+def test_exporting_twice_does_not_duplicate(tmp_path):
+    path = tmp_path / "trace.json"
+    segment(path, 0.0, [("gen", "rollout", 0.0, 1.0)])
+    with use_clock(ManualClock(0.0)):
+        trace = Trace()
+    trace.add("train", "trainer", 0.0, 1.0)
+    trace.export(path)
+    trace.add("train", "trainer", 1.0, 2.0)
+    trace.export(path)
+    assert [(s[0], s[2]) for s in spans(path)] == [("gen", 0.0), ("train", 1e6), ("train", 2e6)]
+
+
+@pytest.mark.parametrize("content", ["", '{"traceEvents": [{"ph": "X"', "[1, 2]", '{"traceEvents": [7]}'])
+def test_corrupt_earlier_trace_is_replaced_with_a_warning(tmp_path, content):
+    path = tmp_path / "trace.json"
+    path.write_text(content)
+    lines: list[str] = []
+    assert segment(path, 0.0, [("gen", "rollout", 0.0, 1.0)], log=lines.append)
+    assert spans(path) == [("gen", "rollout", 0.0, 1e6)]
+    assert len(lines) == 1 and "not a readable trace" in lines[0]
+
+
+@pytest.mark.parametrize("failing", ["replace", "fsync"])
+def test_failed_write_leaves_the_earlier_trace_whole(tmp_path, monkeypatch, failing):
+    path = tmp_path / "trace.json"
+    segment(path, 0.0, [("gen", "rollout", 0.0, 1.0)])
+    before = path.read_bytes()
+
+    def disk_full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, failing, disk_full)
+    lines: list[str] = []
+    assert not segment(path, 0.0, [("train", "trainer", 0.0, 1.0)], log=lines.append)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["trace.json"]
+    assert len(lines) == 1 and "No space left on device" in lines[0]
