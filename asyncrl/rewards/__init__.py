@@ -1,10 +1,12 @@
-"""Rule-based rewards: a registry keyed by `data_source`, built-in scorers, a safe runner.
+"""Rule-based rewards: a registry keyed by `data_source`, built-in scorers, a process pool to run them.
 
 Typical use:
-    fn = resolve_reward_fn(row.data_source, cfg.custom_function)
-    result = score_response(row, text, reward_fn=fn, timeout_s=10.0, stats=stats)
+    pool = RewardPool(num_workers=2, timeout_s=10.0, custom_function=cfg.custom_function)
+    result = score_response(row, text, pool=pool, stats=stats)  # status ok|error|timeout|invalid
+    pool.close()
 """
 
+from asyncrl.rewards.pool import RewardPool
 from asyncrl.rewards.registry import (
     RewardFn,
     RewardResult,
@@ -13,11 +15,11 @@ from asyncrl.rewards.registry import (
     register,
     resolve_reward_fn,
 )
-from asyncrl.rewards.runner import RewardStats, score_batch, score_response
+from asyncrl.rewards.runner import RewardStats, check_signature, score_batch, score_response
 from asyncrl.rewards.terms import add_terms, format_term, length_penalty
 
 __all__ = [
-    "RewardFn", "RewardResult", "RewardStats", "add_terms", "compute_score", "format_term",
-    "known_data_sources", "length_penalty", "register", "resolve_reward_fn", "score_batch",
+    "RewardFn", "RewardPool", "RewardResult", "RewardStats", "add_terms", "check_signature", "compute_score",
+    "format_term", "known_data_sources", "length_penalty", "register", "resolve_reward_fn", "score_batch",
     "score_response",
 ]

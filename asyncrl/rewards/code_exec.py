@@ -12,9 +12,11 @@ runs all tests of one response and reports which passed. Ground-truth formats (J
 
 Score = fraction of tests passed (verl's `continuous=True`), `acc` = 1.0 only if all pass. If the
 run exceeds its time limit (`extra_info["code_timeout_s"]`, default 5 s, for all tests together)
-the process group is killed and `RewardTimeout` is raised, which `runner.score_response` turns
-into score 0 / status "timeout". This is not a sandbox: the code runs as the current user, with
-network and file access; a real sandbox is a separate component.
+the process group is killed and `RewardTimeout` is raised, which `runner.call_reward` turns into
+score 0 / status "timeout". Keep it below `reward.timeout_s`: past that the whole reward worker
+process is killed (this subprocess with it, see `pool.kill_tree`) and replaced. This is not a
+sandbox: the code runs as the current user, with network and file access; a real sandbox is a
+separate component.
 """
 
 from __future__ import annotations

@@ -1,138 +1,167 @@
-"""Run reward functions so that they can never crash or stall the pipeline.
+"""What one reward call comes to, and the counts of those outcomes.
 
-`score_response` calls a `RewardFn` (see `registry.py`) on one response and always returns a
-`RewardResult`: an exception becomes score 0 / status "error" (text in `.error`), a
-`RewardTimeout` raised by the function (e.g. the code scorer killing a looping program) or a
-call still running after `timeout_s` becomes score 0 / status "timeout". `RewardStats` counts
-the outcomes for metrics (`reward/error_count`, `reward/timeout_count`).
+Every call of a reward function ends as a `RewardResult` with a status, never as an exception:
+- "ok": a finite number, or a dict with a finite number under "score" (its other numeric
+  entries become `details`);
+- "error": the function raised (anything, `SystemExit` included: a wrong signature is a
+  `TypeError` at the call), or its worker process died;
+- "timeout": it ran past `reward.timeout_s` (its process was killed, see `pool.py`) or raised
+  `RewardTimeout` (the code scorer killing a looping program);
+- "invalid": it returned something else (NaN, inf, a string, None, a dict without "score").
+Each failure scores 0. `call_reward` makes that result inside a worker process; `RewardStats`
+counts the statuses in the trainer's process and logs the first failure of each kind, with its
+traceback, to the `asyncrl.reward` logger. `score_batch` is the entry point: rows and response
+texts in, results out, via a `RewardPool`.
 
-Why threads, and what that costs: each call runs in its own daemon thread and the caller waits
-at most `timeout_s` for it. Python cannot kill a thread, so a hung function is *abandoned*, not
-stopped: it keeps its thread (and CPU, if it spins) until it returns or the process exits
-(daemon threads never block exit). `RewardStats.abandoned` counts those still alive. Threads
-were chosen over a process pool because user functions from `reward.custom_function` need not
-pickle and scoring is mostly cheap; the one routinely dangerous case, model-written code, is run
-by `code_exec.py` in a subprocess that *is* killed at its own timeout. Keep that timeout below
-`timeout_s` here so the kill path, not abandonment, handles it.
-
-`score_batch` scores many responses with a small thread pool; CPU-bound scorers share the GIL,
-so the gain is in overlapping subprocess waits (code), not in pure-Python math parsing.
+Not here: running calls in processes with deadlines (`pool.py`), deciding that too many failed
+(`asyncrl.workers.reward`).
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import math
 import numbers
+import os
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from asyncrl.errors import RewardTimeout
-from asyncrl.rewards.registry import RewardFn, RewardResult
+from asyncrl.errors import ConfigError, RewardTimeout
+from asyncrl.rewards.registry import RewardFn, RewardResult, RewardStatus
 from asyncrl.types import PromptRow
 
+if TYPE_CHECKING:
+    from asyncrl.rewards.pool import RewardPool
+
 MAX_ERROR_CHARS = 500
+FAILURES = ("error", "timeout", "invalid")
+log = logging.getLogger("asyncrl.reward")
 
 
-@dataclass
-class RewardStats:
-    """Thread-safe outcome counters. `abandoned` is read live: hung calls still running."""
+class RewardCall(NamedTuple):
+    """The arguments of one reward call, as sent to a worker process (verl's compute_score order)."""
 
-    ok: int = 0
-    error: int = 0
-    timeout: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    _hung: list[threading.Thread] = field(default_factory=list, init=False, repr=False)
-
-    def record(self, result: RewardResult, worker: threading.Thread | None = None) -> None:
-        with self._lock:
-            setattr(self, result.status, getattr(self, result.status) + 1)  # fields named by status
-            if result.status == "timeout" and worker is not None and worker.is_alive():
-                self._hung.append(worker)
-
-    @property
-    def abandoned(self) -> int:
-        with self._lock:
-            self._hung = [t for t in self._hung if t.is_alive()]
-            return len(self._hung)
-
-    def metrics(self) -> dict[str, float]:
-        """Flat metric dict, e.g. {"reward/error_count": 2.0, ...} (cumulative counts)."""
-        return {"reward/ok_count": float(self.ok), "reward/error_count": float(self.error),
-                "reward/timeout_count": float(self.timeout),
-                "reward/abandoned_count": float(self.abandoned)}
+    data_source: str
+    solution_str: str
+    ground_truth: str
+    extra_info: dict[str, Any]
 
 
-def score_response(
-    row: PromptRow, response_text: str, *, reward_fn: RewardFn,
-    timeout_s: float = 10.0, stats: RewardStats | None = None,
-) -> RewardResult:
-    """Score one response; never raises, never blocks much longer than `timeout_s`."""
-    box: dict[str, Any] = {}
-    done = threading.Event()
+class Outcome(NamedTuple):
+    """A call's result plus the full traceback or message behind a failure ("" when ok), for the log."""
 
-    def call() -> None:
-        try:
-            box["value"] = reward_fn(row.data_source, response_text, row.ground_truth, dict(row.extra_info))
-        except BaseException as exc:  # noqa: BLE001 - any failure becomes a result
-            box["exc"] = exc
-        finally:
-            done.set()
-
-    worker = threading.Thread(target=call, name=f"reward-{row.uid}", daemon=True)
-    worker.start()
-    if done.wait(timeout_s):
-        result = _to_result(box)
-    else:
-        result = RewardResult(0.0, status="timeout", error=f"reward function still running after {timeout_s:g} s")
-    if stats is not None:
-        stats.record(result, worker)
-    return result
+    result: RewardResult
+    trace: str
 
 
-def _to_result(box: dict[str, Any]) -> RewardResult:
-    exc = box.get("exc")
-    if isinstance(exc, RewardTimeout):
-        return RewardResult(0.0, status="timeout", error=_text(exc))
-    if exc is not None:
-        return RewardResult(0.0, status="error", error=_text(exc))
-    return _from_value(box["value"])
+def failed(status: str, error: str, trace: str = "") -> Outcome:
+    """A score-0 outcome of a failure kind ("error", "timeout" or "invalid")."""
+    assert status in FAILURES, status
+    error = " ".join(error.split())[:MAX_ERROR_CHARS]  # one line: it ends up in a RewardError message
+    return Outcome(RewardResult(0.0, status=cast(RewardStatus, status), error=error), trace or error)
 
 
-def _from_value(value: Any) -> RewardResult:
-    """Turn a float or a {"score": ..., **details} dict into a result (bad shapes are errors)."""
+def call_reward(thunk: Callable[[], Any]) -> Outcome:
+    """Run `thunk` (find a reward function and call it); whatever happens becomes an Outcome.
+
+    Example: call_reward(lambda: 1 / 0).result.error == "ZeroDivisionError: division by zero in
+    runner.py:<line>" (the innermost frame of the traceback), status "error".
+    """
+    try:
+        value = thunk()
+    except BaseException as exc:  # noqa: BLE001 - SystemExit included: the worker must survive it
+        status = "timeout" if isinstance(exc, RewardTimeout) else "error"
+        return failed(status, _describe(exc), "".join(traceback.format_exception(exc)))
+    return to_outcome(value)
+
+
+def to_outcome(value: Any) -> Outcome:
+    """A float or a {"score": ..., **details} dict as an "ok" outcome; anything else is "invalid"."""
     details: dict[str, float] = {}
+    score = value
     if isinstance(value, dict):
-        if "score" not in value:
-            return RewardResult(0.0, status="error", error=f"reward dict has no 'score' key: keys {sorted(value)}")
-        details = {k: float(v) for k, v in value.items() if k != "score" and _is_number(v)}
-        value = value["score"]
-    if not _is_number(value) or not math.isfinite(float(value)):
-        return RewardResult(0.0, status="error", error=f"reward is not a finite number: {value!r:.100}")
-    return RewardResult(float(value), details=details)
+        details = {str(k): float(v) for k, v in value.items() if k != "score" and _is_number(v)}
+        score = value.get("score")
+    if not _is_number(score) or not math.isfinite(float(score)):
+        kind = f"a dict without a numeric 'score' (keys {sorted(map(str, value))})" if isinstance(value, dict) \
+            else f"{value!r:.100}"
+        return failed("invalid", f"reward function returned {kind}, not a finite number or a dict with a 'score'")
+    return Outcome(RewardResult(float(score), details=details), "")
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real)  # int, float, bool and numpy scalars
 
 
-def _text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+def _describe(exc: BaseException) -> str:
+    """"Type: message in file.py:line", the line being the innermost frame (where it was raised)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" in {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
-def score_batch(
-    rows: Sequence[PromptRow], responses: Sequence[str], *, reward_fn: RewardFn,
-    timeout_s: float = 10.0, max_workers: int = 4, stats: RewardStats | None = None,
-) -> list[RewardResult]:
-    """Score `responses[i]` against `rows[i]` concurrently; results in input order.
+def check_signature(fn: RewardFn, custom_function: str) -> None:
+    """ConfigError unless `fn(data_source, solution_str, ground_truth, extra_info)` binds."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some C callables have no signature: trust them
+        return
+    try:
+        signature.bind("data_source", "solution_str", "ground_truth", {})
+    except TypeError as exc:
+        name = getattr(fn, "__name__", repr(fn))
+        raise ConfigError(
+            f"reward.custom_function='{custom_function}': {name}{signature} cannot be called as "
+            f"fn(data_source, solution_str, ground_truth, extra_info) ({exc})") from None
 
-    Every call is bounded by `timeout_s`, so the batch takes at most about
-    ceil(len / max_workers) * timeout_s even if every function hangs.
+
+@dataclass
+class RewardStats:
+    """Thread-safe cumulative counts of each status; logs the first failure of each kind."""
+
+    ok: int = 0
+    error: int = 0
+    timeout: int = 0
+    invalid: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _logged: set[str] = field(default_factory=set, init=False, repr=False)
+
+    def record(self, outcome: Outcome, data_source: str) -> None:
+        status = outcome.result.status
+        with self._lock:
+            setattr(self, status, getattr(self, status) + 1)  # fields named by status
+            first = status != "ok" and status not in self._logged
+            self._logged.add(status)
+        if first:
+            log.warning("reward %s (first of this kind; later ones are only counted in metrics) for "
+                        "data source '%s': %s\n%s", status, data_source, outcome.result.error, outcome.trace)
+
+    def metrics(self) -> dict[str, float]:
+        """Flat metric dict: {"reward/ok_count", "reward/errors", "reward/timeouts", "reward/invalid"}."""
+        return {"reward/ok_count": float(self.ok), "reward/errors": float(self.error),
+                "reward/timeouts": float(self.timeout), "reward/invalid": float(self.invalid)}
+
+
+def score_batch(rows: Sequence[PromptRow], responses: Sequence[str], *, pool: RewardPool,
+                stats: RewardStats | None = None) -> list[RewardResult]:
+    """Score `responses[i]` against `rows[i]` in the pool's processes; results in input order.
+
+    Never raises for a failing reward; takes about ceil(len / pool workers) * timeout_s at worst.
     """
     assert len(rows) == len(responses), (len(rows), len(responses))
-    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="reward-pool") as pool:
-        futures = [pool.submit(score_response, row, text, reward_fn=reward_fn, timeout_s=timeout_s, stats=stats)
-                   for row, text in zip(rows, responses)]
-        return [f.result() for f in futures]
+    calls = [RewardCall(r.data_source, text, r.ground_truth, dict(r.extra_info)) for r, text in zip(rows, responses)]
+    outcomes = pool.run(calls)
+    if stats is not None:
+        for call, outcome in zip(calls, outcomes):
+            stats.record(outcome, call.data_source)
+    return [o.result for o in outcomes]
+
+
+def score_response(row: PromptRow, response_text: str, *, pool: RewardPool,
+                   stats: RewardStats | None = None) -> RewardResult:
+    """Score one response (see `score_batch`)."""
+    return score_batch([row], [response_text], pool=pool, stats=stats)[0]

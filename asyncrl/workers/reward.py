@@ -1,52 +1,61 @@
-"""The reward worker: decode each response, score it with its `data_source`'s function.
+"""The reward worker: decode each response, score it in the reward process pool, stop loudly.
 
-Reward functions are resolved for every data source at start-up (`check`), so a config
-mistake fails before any generation. A raising or hanging function becomes score 0 with a
-status and a counter (see `asyncrl.rewards.runner`), never a crashed step.
+Reward functions are resolved for every data source at start-up (`check`), and their signature
+checked, so a config mistake fails before any generation. Each call then runs in a worker process
+(`asyncrl.rewards.pool`) with a deadline: a raising, hanging, crashing or nonsense-returning
+function scores 0 with a status and a counter, never a crashed step. But a run whose rewards mostly
+fail learns nothing, so once more than `reward.max_failure_ratio` of the last `window` scored
+responses failed (about one step's worth), `score` raises `RewardError` naming the failure.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
 from asyncrl.config_schema import RewardConfig
-from asyncrl.rewards import RewardFn, RewardStats, resolve_reward_fn, score_batch
+from asyncrl.errors import ConfigError, RewardError
+from asyncrl.rewards import RewardPool, RewardResult, RewardStats, check_signature, resolve_reward_fn, score_batch
 from asyncrl.types import Group, PromptRow, Trajectory
+
+DEFAULT_WINDOW = 64
+"""Responses judged together when the owner does not say (it passes train_batch_size * rollout.n)."""
+_PLURAL = {"error": "errors", "timeout": "timeouts", "invalid": "invalid"}
 
 
 class RewardWorker:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, cfg: RewardConfig) -> None:
+    """Thread-safe: `score` may run in several threads at once. `close()` ends its processes."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, cfg: RewardConfig, window: int = DEFAULT_WINDOW) -> None:
+        if cfg.num_workers < 1 or cfg.timeout_s <= 0:
+            raise ConfigError(f"reward.num_workers must be >= 1 and reward.timeout_s > 0, got "
+                              f"{cfg.num_workers} and {cfg.timeout_s}")
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.stats = RewardStats()
-        self._fns: dict[str, RewardFn] = {}
+        self.failures = FailureWindow(cfg.max_failure_ratio, window)
+        self.pool = RewardPool(cfg.num_workers, cfg.timeout_s, cfg.custom_function)
 
     def check(self, rows: Iterable[PromptRow]) -> None:
-        """Resolve the function of every data source now (raises ConfigError if one is unknown)."""
-        for source in {r.data_source for r in rows}:
-            self._fn(source)
-
-    def _fn(self, data_source: str) -> RewardFn:
-        if data_source not in self._fns:
-            self._fns[data_source] = resolve_reward_fn(data_source, self.cfg.custom_function or None)
-        return self._fns[data_source]
+        """Resolve and signature-check every data source's function now (ConfigError if wrong)."""
+        for source in sorted({r.data_source for r in rows}):
+            check_signature(resolve_reward_fn(source, self.cfg.custom_function or None), self.cfg.custom_function)
 
     def score(self, rows: Sequence[PromptRow], trajectories: Sequence[Trajectory]) -> None:
-        """Set reward, details and status on each trajectory (rows[i] is trajectory i's prompt)."""
+        """Set reward, details and status on each trajectory (rows[i] is trajectory i's prompt).
+
+        Raises RewardError (after setting them) when too many recent rewards failed.
+        """
         texts = self.tokenizer.batch_decode([list(t.response_ids) for t in trajectories], skip_special_tokens=True)
-        by_source: dict[str, list[int]] = {}
-        for i, row in enumerate(rows):
-            by_source.setdefault(row.data_source, []).append(i)
-        for source, idx in by_source.items():
-            results = score_batch([rows[i] for i in idx], [texts[i] for i in idx],
-                                  reward_fn=self._fn(source), timeout_s=self.cfg.timeout_s,
-                                  max_workers=self.cfg.num_workers, stats=self.stats)
-            for i, result in zip(idx, results):
-                trajectories[i].reward = result.score
-                trajectories[i].reward_details = dict(result.details)
-                trajectories[i].reward_status = result.status
+        results = score_batch(rows, texts, pool=self.pool, stats=self.stats)
+        for traj, result in zip(trajectories, results):
+            traj.reward = result.score
+            traj.reward_details = dict(result.details)
+            traj.reward_status = result.status
+        self.failures.add([r.data_source for r in rows], results)
 
     def score_groups(self, groups: Sequence[Group]) -> None:
         rows = [g.row for g in groups for _ in g.trajectories]
@@ -54,3 +63,46 @@ class RewardWorker:
 
     def metrics(self) -> dict[str, float]:
         return self.stats.metrics()
+
+    def close(self) -> None:
+        """Kill the reward processes (a later `score` is a programmer error)."""
+        self.pool.close()
+
+
+class FailureWindow:
+    """The statuses of the last `size` scored responses; too many failures raise RewardError.
+
+    Judged whenever the window is full, and on its own for any one `add` of >= `size` results.
+    `max_ratio` >= 1.0 never raises. Example: max_ratio 0.5, size 4: adding ok, error, error
+    raises nothing (not full); adding one more error makes 3 of 4 failed > 0.5: RewardError.
+    """
+
+    def __init__(self, max_ratio: float, size: int) -> None:
+        assert size >= 1, size
+        self.max_ratio = max_ratio
+        self.size = size
+        self._recent: deque[tuple[str, RewardResult]] = deque(maxlen=size)
+        self._lock = threading.Lock()
+
+    def add(self, data_sources: Sequence[str], results: Sequence[RewardResult]) -> None:
+        entries = list(zip(data_sources, results))
+        with self._lock:
+            self._recent.extend(entries)
+            judged = entries if len(entries) >= self.size else list(self._recent)
+        if len(judged) >= self.size:
+            self._judge(judged)
+
+    def _judge(self, entries: list[tuple[str, RewardResult]]) -> None:
+        failed = [(source, r) for source, r in entries if r.status != "ok"]
+        if len(failed) <= self.max_ratio * len(entries):
+            return
+        counts = Counter(r.status for _, r in failed)
+        first: dict[str, str] = {}
+        for _, r in failed:
+            first.setdefault(r.status, r.error)
+        kinds = "; ".join(f"{_PLURAL[s]} {n}: {first[s]}" for s, n in counts.most_common())
+        sources = ", ".join(f"'{s}'" for s in sorted({source for source, _ in failed}))
+        raise RewardError(
+            f"reward: {len(failed)} of {len(entries)} recent rewards failed ({kinds}; data source "
+            f"{sources}), more than reward.max_failure_ratio={self.max_ratio:g}; fix the reward "
+            f"function or raise reward.max_failure_ratio")

@@ -1,38 +1,40 @@
-"""score_response/score_batch: errors and hangs become results and counters, never crashes."""
+"""runner: what a reward call comes to (ok / error / timeout / invalid), counted and logged once.
+
+These run in this process (`InlinePool`); the real worker processes are tested in test_pool.py.
+"""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
+import logging
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 from asyncrl.data.tasks import make_task
-from asyncrl.errors import RewardTimeout
-from asyncrl.rewards.registry import resolve_reward_fn
-from asyncrl.rewards.runner import RewardStats, score_batch, score_response
+from asyncrl.errors import ConfigError, RewardTimeout
+from asyncrl.rewards.runner import (
+    Outcome,
+    RewardCall,
+    RewardStats,
+    call_reward,
+    check_signature,
+    score_batch,
+    score_response,
+)
 
 ROW = make_task("arithmetic", 1)[0]
 
 
-class HangingReward:
-    """Blocks until released (so the abandoned thread ends when the test does)."""
+class InlinePool:
+    """A RewardPool stand-in that calls one function in this process, without deadlines."""
 
-    def __init__(self) -> None:
-        self.release = threading.Event()
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
 
-    def __call__(self, *args: Any) -> float:
-        self.release.wait(30)
-        return 1.0
-
-
-@pytest.fixture
-def hanging() -> Iterator[HangingReward]:
-    fn = HangingReward()
-    yield fn
-    fn.release.set()
+    def run(self, calls: Sequence[RewardCall]) -> list[Outcome]:
+        return [call_reward(lambda c=c: self.fn(*c)) for c in calls]
 
 
 def crashing_reward(*args: Any) -> float:
@@ -40,67 +42,78 @@ def crashing_reward(*args: Any) -> float:
 
 
 def test_ok_result_keeps_numeric_details() -> None:
-    def fn(*args: Any) -> dict[str, Any]:
-        return {"score": 0.5, "acc": True, "pred": "text is dropped"}
-
-    result = score_response(ROW, "x", reward_fn=fn)
-    assert (result.score, result.status, result.details) == (0.5, "ok", {"acc": 1.0})
+    outcome = call_reward(lambda: {"score": 0.5, "acc": True, "pred": "text is dropped"})
+    assert (outcome.result.score, outcome.result.status, outcome.result.details) == (0.5, "ok", {"acc": 1.0})
+    assert outcome.trace == ""
 
 
-def test_builtin_reward_end_to_end() -> None:
-    fn = resolve_reward_fn(ROW.data_source)
-    assert score_response(ROW, f"It is {ROW.ground_truth}", reward_fn=fn).score == 1.0
+def test_raise_is_error_naming_where() -> None:
+    outcome = call_reward(lambda: crashing_reward())
+    assert (outcome.result.score, outcome.result.status) == (0.0, "error")
+    assert outcome.result.error.startswith("ZeroDivisionError: boom in test_runner.py:")
+    assert "Traceback" in outcome.trace and "crashing_reward" in outcome.trace
 
 
-def test_raising_reward_is_an_error_result() -> None:
-    stats = RewardStats()
-    result = score_response(ROW, "x", reward_fn=crashing_reward, stats=stats)
-    assert (result.score, result.status) == (0.0, "error") and "ZeroDivisionError: boom" in result.error
-    assert stats.metrics()["reward/error_count"] == 1.0
+def test_system_exit_is_an_error_not_an_exit() -> None:
+    def leaving() -> float:
+        raise SystemExit(3)
 
-
-@pytest.mark.parametrize("value", [{"acc": 1.0}, "1.0", float("nan"), None])
-def test_malformed_return_values_are_errors(value: Any) -> None:
-    assert score_response(ROW, "x", reward_fn=lambda *a: value).status == "error"
-
-
-def test_hanging_reward_times_out_within_timeout(hanging: HangingReward) -> None:
-    stats = RewardStats()
-    start = time.monotonic()
-    result = score_response(ROW, "x", reward_fn=hanging, timeout_s=0.3, stats=stats)
-    assert time.monotonic() - start < 1.0
-    assert (result.score, result.status) == (0.0, "timeout")
-    assert stats.metrics()["reward/timeout_count"] == 1.0 and stats.abandoned == 1
-    hanging.release.set()
-    time.sleep(0.05)
-    assert stats.abandoned == 0
+    assert call_reward(leaving).result.error.startswith("SystemExit: 3")
 
 
 def test_reward_timeout_raised_inside_is_a_timeout() -> None:
-    def fn(*args: Any) -> float:
+    def sandboxed() -> float:
         raise RewardTimeout("sandbox killed it")
 
-    result = score_response(ROW, "x", reward_fn=fn)
+    result = call_reward(sandboxed).result
     assert result.status == "timeout" and "sandbox killed it" in result.error
 
 
-def test_code_infinite_loop_is_timeout_status() -> None:
-    row = make_task("code", 1)[0]
-    row = type(row)(**{**row.__dict__, "extra_info": {**row.extra_info, "code_timeout_s": 0.5}})
-    result = score_response(row, "```python\nwhile True:\n    pass\n```", reward_fn=resolve_reward_fn("code"))
-    assert (result.score, result.status) == (0.0, "timeout")
+@pytest.mark.parametrize("value", [{"acc": 1.0}, {"score": "1"}, "1.0", math.nan, math.inf, None, [1.0]])
+def test_malformed_return_values_are_invalid(value: Any) -> None:
+    result = call_reward(lambda: value).result
+    assert (result.score, result.status) == (0.0, "invalid") and "returned" in result.error
 
 
-def test_score_batch_mixes_outcomes_in_order(hanging: HangingReward) -> None:
-    rows = make_task("arithmetic", 6)
+def test_error_text_is_one_line() -> None:
+    def multiline() -> float:
+        raise ValueError("first\nsecond")
 
-    def mixed(data_source: str, text: str, truth: str, extra: dict[str, Any]) -> float:
-        return {"ok": lambda: 1.0, "err": lambda: crashing_reward(), "hang": lambda: hanging()}[text]()
+    assert "\n" not in call_reward(multiline).result.error
 
-    texts = ["ok", "err", "hang", "ok", "hang", "err"]
+
+def test_stats_count_each_kind_and_log_it_once(caplog: pytest.LogCaptureFixture) -> None:
+    values = {"ok": 1.0, "nan": math.nan}
+    pool = InlinePool(lambda ds, text, truth, extra: values[text] if text in values else crashing_reward())
     stats = RewardStats()
-    start = time.monotonic()
-    results = score_batch(rows, texts, reward_fn=mixed, timeout_s=0.3, max_workers=3, stats=stats)
-    assert time.monotonic() - start < 1.5
-    assert [r.status for r in results] == ["ok", "error", "timeout", "ok", "timeout", "error"]
-    assert (stats.ok, stats.error, stats.timeout) == (2, 2, 2)
+    with caplog.at_level(logging.WARNING, logger="asyncrl.reward"):
+        results = score_batch([ROW] * 5, ["ok", "boom", "nan", "boom", "nan"], pool=pool, stats=stats)
+    assert [r.status for r in results] == ["ok", "error", "invalid", "error", "invalid"]
+    assert stats.metrics() == {"reward/ok_count": 1.0, "reward/errors": 2.0, "reward/timeouts": 0.0,
+                               "reward/invalid": 2.0}
+    assert len(caplog.records) == 2  # one per failure kind
+    assert "ZeroDivisionError: boom" in caplog.text and "Traceback" in caplog.text
+    assert f"data source '{ROW.data_source}'" in caplog.text
+
+
+def test_score_response_passes_verl_arguments() -> None:
+    seen: list[tuple[Any, ...]] = []
+    pool = InlinePool(lambda *args: seen.append(args) or 1.0)
+    assert score_response(ROW, "text", pool=pool).score == 1.0
+    assert seen == [(ROW.data_source, "text", ROW.ground_truth, dict(ROW.extra_info))]
+
+
+def test_check_signature_accepts_verl_shapes() -> None:
+    def verl(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+        return 0.0
+
+    check_signature(verl, "f.py:verl")
+    check_signature(lambda *args, **kwargs: 0.0, "f.py:anything")
+
+
+def test_check_signature_rejects_wrong_arity_naming_the_key() -> None:
+    def two_args(solution_str: str, ground_truth: str) -> float:
+        return 0.0
+
+    with pytest.raises(ConfigError, match=r"reward.custom_function='f.py:two_args': two_args\(solution_str"):
+        check_signature(two_args, "f.py:two_args")

@@ -1,0 +1,312 @@
+"""Reward calls in worker processes, so a hung or crashing reward function is killed, not waited on.
+
+`RewardPool(num_workers, timeout_s, custom_function)` keeps up to `num_workers` worker processes
+(started on first use). `run(calls)` hands each call to an idle worker and waits at most
+`timeout_s` for its answer. Past that deadline the worker and every process it started get
+SIGKILL (its process group, plus descendants in a session of their own, like the code scorer's
+subprocess) and the call is "timeout"; a fresh worker takes the slot on its next call. A worker
+that dies mid-call (segfault, `os._exit`, the OOM killer) is replaced and the call retried once;
+a second death makes it "error". The result of the call itself comes from `runner.call_reward`,
+run inside the worker.
+
+Why processes: a thread cannot be killed, so a hung reward used to keep spinning and, through the
+GIL, starve the trainer (an update went from 0.25 s to 84 s). Each worker has its own GIL; the
+trainer's threads here only wait on sockets.
+
+Why `subprocess` and not `multiprocessing`: a worker is a fresh interpreter (fork+exec, safe in a
+process already running torch or Ray threads) that imports only `asyncrl.rewards`, never torch.
+`multiprocessing`'s spawn and forkserver children re-import the parent's `__main__` (the CLI,
+Ray's worker script), which imports torch. Reward functions need not pickle: a worker resolves
+them itself from the call's data source and `reward.custom_function` (`registry.py`), once per
+process. Workers die with their parent: a watchdog thread kills the worker (and its children)
+when its parent process is gone, and `close()` or interpreter exit kills them all.
+
+Not here: what a call's value means (`runner.py`), failure budgets (`asyncrl.workers.reward`).
+Descendants outside the worker's process group are found through /proc (Linux only).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+from asyncrl.rewards.registry import RewardFn, known_data_sources, resolve_reward_fn
+from asyncrl.rewards.runner import Outcome, RewardCall, call_reward, failed
+
+START_TIMEOUT_S = 60.0
+"""A worker must import the reward functions and report ready within this (the built-ins take ~0.3 s)."""
+_BOOT = "import sys; from asyncrl.rewards.pool import worker_main; worker_main(int(sys.argv[1]), sys.argv[2])"
+
+
+class RewardPool:
+    """Thread-safe: `run` may be called from several threads at once; calls share the workers."""
+
+    def __init__(self, num_workers: int = 2, timeout_s: float = 10.0, custom_function: str = "") -> None:
+        assert num_workers >= 1 and timeout_s > 0, (num_workers, timeout_s)
+        self.timeout_s = timeout_s
+        self.custom_function = custom_function
+        self._slots: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
+        for _ in range(num_workers):
+            self._slots.put(None)  # None: no live worker in this slot yet
+        self._live: set[_Worker] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._threads = ThreadPoolExecutor(num_workers, thread_name_prefix="reward-pool")
+        self._finalizer = weakref.finalize(self, _kill_all, self._live, self._lock)
+
+    def run(self, calls: Sequence[RewardCall]) -> list[Outcome]:
+        """The outcome of each call, in order; at most `num_workers` run at once."""
+        if len(calls) == 1:
+            return [self.run_one(calls[0])]
+        return list(self._threads.map(self.run_one, calls))
+
+    def run_one(self, call: RewardCall) -> Outcome:
+        """One call on an idle worker (waits for one); never raises for a failing reward."""
+        outcome = self._attempt(call)
+        if isinstance(outcome, str) and not self._closed:  # the worker died: maybe not the call's fault
+            outcome = self._attempt(call)
+            if isinstance(outcome, str):
+                outcome += " (on the retry too)"
+        return failed("error", outcome) if isinstance(outcome, str) else outcome
+
+    def pids(self) -> list[int]:
+        """Process ids of the live workers."""
+        with self._lock:
+            return sorted(w.proc.pid for w in self._live)
+
+    def close(self) -> None:
+        """Kill every worker; calls in flight end as "error". Safe to call twice."""
+        self._closed = True
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        self._finalizer()
+        idle = []
+        while True:
+            try:
+                idle.append(self._slots.get_nowait())
+            except queue.Empty:
+                break
+        for worker in idle:
+            self._forget(worker)
+            self._slots.put(None)  # a call waiting for a slot then fails fast in _start
+
+    def _attempt(self, call: RewardCall) -> Outcome | str:
+        """The call's outcome, or how the worker died (text) when it died mid-call."""
+        worker = self._slots.get()
+        try:
+            if worker is not None and worker.proc.poll() is not None:  # died while idle
+                self._forget(worker)
+                worker = None
+            if worker is None:
+                worker = self._start()
+            return worker.call(call, self.timeout_s)
+        except TimeoutError:
+            return failed("timeout", f"reward function still running after {self.timeout_s:g} s "
+                                     f"(reward.timeout_s); its process was killed")
+        except _WorkerDied as exc:
+            return str(exc)
+        finally:
+            if worker is not None and worker.proc.poll() is not None:
+                self._forget(worker)
+                worker = None
+            self._slots.put(worker)
+
+    def _start(self) -> _Worker:
+        if self._closed:
+            raise _WorkerDied("the reward pool is closed")
+        worker = _Worker(self.custom_function)
+        with self._lock:
+            self._live.add(worker)
+        try:
+            if self._closed:  # close() ran while it started: its kill missed this one
+                raise _WorkerDied("the reward pool is closed")
+            worker.wait_ready()
+        except _WorkerDied:
+            self._forget(worker)
+            raise
+        return worker
+
+    def _forget(self, worker: _Worker | None) -> None:
+        """Kill a worker and close its socket (only the thread holding its slot may)."""
+        if worker is None:
+            return
+        with self._lock:
+            self._live.discard(worker)
+        worker.kill()
+        worker.conn.close()
+
+
+class _WorkerDied(Exception):
+    """A worker process exited (or never started); the message says how, in a sentence."""
+
+
+class _Worker:
+    """One worker process and the trainer's end of the socket it answers on."""
+
+    def __init__(self, custom_function: str) -> None:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(theirs.fileno()), custom_function],
+                pass_fds=(theirs.fileno(),), start_new_session=True, stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+        self.conn = Connection(ours.detach())
+
+    def wait_ready(self) -> None:
+        if not self.conn.poll(START_TIMEOUT_S):
+            raise _WorkerDied(f"reward worker process not ready after {START_TIMEOUT_S:g} s "
+                              f"(importing the reward functions)")
+        self._recv()  # "ready"
+
+    def call(self, call: RewardCall, timeout_s: float) -> Outcome:
+        """The worker's answer; TimeoutError (worker killed) past `timeout_s`, _WorkerDied if it dies."""
+        try:
+            self.conn.send(call)
+        except OSError:
+            raise _WorkerDied(self._death()) from None
+        if not self.conn.poll(timeout_s):
+            self.kill()
+            raise TimeoutError
+        outcome: Outcome = self._recv()
+        return outcome
+
+    def _recv(self) -> Outcome:
+        try:
+            reply: Outcome = self.conn.recv()
+        except (EOFError, OSError):
+            raise _WorkerDied(self._death()) from None
+        return reply
+
+    def _death(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:  # its socket closed but it lives on: make sure
+            self.kill()
+            code = self.proc.returncode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        return f"reward worker process {how}"
+
+    def kill(self) -> None:
+        """SIGKILL the worker and everything it started; reap it. Its socket stays open."""
+        if self.proc.poll() is None:
+            kill_tree(self.proc.pid)
+        self.proc.wait()
+
+
+def _kill_all(workers: set[_Worker], lock: threading.Lock) -> None:
+    with lock:
+        doomed = list(workers)
+        workers.clear()
+    for worker in doomed:
+        worker.kill()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL process `pid`, its process group and all its descendants, wherever their group.
+
+    Frozen first (SIGSTOP), then listed, then killed, so nothing forks in between and no
+    descendant is orphaned (an orphan's parent is no longer `pid`'s descendant) before it is listed.
+    """
+    _signal_group(pid, signal.SIGSTOP)  # its group is its own: workers start a new session
+    for victim in _freeze_descendants(pid) | {pid}:
+        _signal(victim, signal.SIGKILL)
+    _signal_group(pid, signal.SIGKILL)
+
+
+def _freeze_descendants(pid: int) -> set[int]:
+    """SIGSTOP every descendant of `pid`, rescanning until none is left running; their pids."""
+    frozen: set[int] = set()
+    while True:
+        found = _descendants(pid) - frozen
+        if not found:
+            return frozen
+        for child in found:
+            _signal(child, signal.SIGSTOP)
+        frozen |= found
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below `pid` in the process tree (empty without /proc)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rpartition(")")[2].split()[1])  # comm, in parentheses, may hold spaces
+            except (OSError, IndexError, ValueError):
+                continue  # exited while we looked
+            children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):  # the group is gone (or only zombies remain)
+        pass
+
+
+# ---- inside the worker process ----
+
+def worker_main(fd: int, custom_function: str) -> None:
+    """A worker's life: load the reward functions, then answer calls on socket `fd` until it closes."""
+    parent = os.getppid()
+    threading.Thread(target=_die_with_parent, args=(parent,), name="parent-watch", daemon=True).start()
+    conn = Connection(fd)
+    fns: dict[str, RewardFn] = {}
+
+    def score(call: RewardCall) -> float | dict[str, Any]:
+        key = "" if custom_function else call.data_source  # a custom function scores every source
+        if key not in fns:
+            fns[key] = resolve_reward_fn(call.data_source, custom_function or None)
+        return fns[key](*call)
+
+    try:  # import now, not inside the first call's deadline; a failure recurs as each call's error
+        resolve_reward_fn("", custom_function) if custom_function else known_data_sources()
+    except Exception:  # noqa: BLE001
+        pass
+    conn.send("ready")
+    while True:
+        try:
+            call: RewardCall = conn.recv()
+        except EOFError:
+            return
+        conn.send(call_reward(functools.partial(score, call)))
+
+
+def _die_with_parent(parent: int) -> None:
+    """Once the parent is gone: kill this worker's descendants, then its process group (itself)."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    for child in _freeze_descendants(os.getpid()):
+        _signal(child, signal.SIGKILL)
+    _signal_group(os.getpgid(0), signal.SIGKILL)

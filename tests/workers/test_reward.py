@@ -1,0 +1,130 @@
+"""RewardWorker: signature check at start, statuses on trajectories, a loud stop past the failure ratio."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config_schema import RewardConfig
+from asyncrl.errors import ConfigError, RewardError
+from asyncrl.rewards import RewardResult
+from asyncrl.types import Group, PromptRow, Trajectory
+from asyncrl.workers.reward import FailureWindow, RewardWorker
+
+REWARDS = '''
+import time
+
+def reward(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "ok":
+        return 1.0
+    if solution_str == "hang":
+        time.sleep(1000)
+    return 1 / 0
+
+
+def two_args(solution_str, ground_truth):
+    return 1.0
+'''
+WORDS = ("ok", "bad", "hang")
+ROW = PromptRow(uid="p", data_source="my_source", messages=(), ground_truth="1")
+
+
+class WordTokenizer:
+    """Decodes token i to WORDS[i]: a response of [0] reads "ok"."""
+
+    def batch_decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        return [" ".join(WORDS[i] for i in seq) for seq in ids]
+
+
+def traj(word: str) -> Trajectory:
+    return Trajectory("r", (1,), (WORDS.index(word),), (0.0,), (0,), "stop")
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> str:
+    path = tmp_path / "my_reward.py"
+    path.write_text(REWARDS)
+    return f"{path}:reward"
+
+
+@pytest.fixture
+def worker(spec: str) -> Iterator[RewardWorker]:
+    cfg = RewardConfig(custom_function=spec, timeout_s=0.5, num_workers=2, max_failure_ratio=0.5)
+    w = RewardWorker(WordTokenizer(), cfg, window=4)
+    yield w
+    w.close()
+
+
+def test_check_rejects_a_wrong_signature(spec: str) -> None:
+    cfg = RewardConfig(custom_function=spec.replace(":reward", ":two_args"))
+    w = RewardWorker(WordTokenizer(), cfg)
+    with pytest.raises(ConfigError, match=r"reward.custom_function=.*two_args\(solution_str, ground_truth\)"):
+        w.check([ROW])
+    w.close()
+
+
+def test_check_accepts_builtins_and_rejects_unknown_sources() -> None:
+    w = RewardWorker(WordTokenizer(), RewardConfig())
+    w.check([PromptRow("a", "gsm8k", (), "1"), PromptRow("b", "code", (), "[]")])
+    with pytest.raises(ConfigError, match="no reward function for data_source 'nope'"):
+        w.check([PromptRow("c", "nope", (), "1")])
+    w.close()
+
+
+def test_score_groups_sets_statuses_and_metrics(worker: RewardWorker) -> None:
+    group = Group("g", ROW, [traj("ok"), traj("bad"), traj("hang")])
+    worker.score_groups([group])  # 2 of 3 failed, but the window (4) is not full yet
+    assert [(t.reward, t.reward_status) for t in group.trajectories] == [(1.0, "ok"), (0.0, "error"), (0.0, "timeout")]
+    assert worker.metrics() == {"reward/ok_count": 1.0, "reward/errors": 1.0, "reward/timeouts": 1.0,
+                                "reward/invalid": 0.0}
+
+
+def test_too_many_failures_raise_a_reward_error(worker: RewardWorker) -> None:
+    trajectories = [traj("bad"), traj("bad"), traj("bad"), traj("ok")]
+    with pytest.raises(RewardError) as caught:
+        worker.score([ROW] * 4, trajectories)
+    message = str(caught.value)
+    assert message.startswith("reward: 3 of 4 recent rewards failed (errors 3: ZeroDivisionError: division by "
+                              "zero in my_reward.py:")
+    assert "data source 'my_source'" in message and "reward.max_failure_ratio=0.5" in message
+    assert "\n" not in message
+    assert [t.reward_status for t in trajectories] == ["error", "error", "error", "ok"]  # set before raising
+
+
+def test_failures_at_the_ratio_do_not_raise(worker: RewardWorker) -> None:
+    worker.score([ROW] * 4, [traj("bad"), traj("ok"), traj("bad"), traj("ok")])  # 2 of 4 == 0.5: allowed
+
+
+def test_ratio_of_one_never_stops(spec: str) -> None:
+    w = RewardWorker(WordTokenizer(), RewardConfig(custom_function=spec, max_failure_ratio=1.0), window=2)
+    try:
+        w.score([ROW] * 2, [traj("bad"), traj("bad")])
+    finally:
+        w.close()
+
+
+def test_bad_num_workers_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="reward.num_workers"):
+        RewardWorker(WordTokenizer(), RewardConfig(num_workers=0))
+
+
+def result(status: str, error: str = "") -> RewardResult:
+    return RewardResult(0.0 if status != "ok" else 1.0, status=status, error=error)
+
+
+def test_window_slides_over_small_calls() -> None:
+    window = FailureWindow(max_ratio=0.5, size=4)
+    window.add(["s"], [result("ok")])
+    window.add(["s", "s"], [result("error", "E1"), result("error", "E2")])  # 2 of 3: not full yet
+    with pytest.raises(RewardError, match=r"3 of 4 recent rewards failed \(errors 2: E1; timeouts 1: T1; "):
+        window.add(["t"], [result("timeout", "T1")])
+    window.add(["s", "s"], [result("ok"), result("ok")])  # window now: error, timeout, ok, ok
+
+
+def test_window_judges_one_large_call_whole() -> None:
+    window = FailureWindow(max_ratio=0.25, size=2)
+    window.add(["a", "b", "c", "d"], [result("invalid", "I"), result("ok"), result("ok"), result("ok")])  # 1 of 4
+    with pytest.raises(RewardError, match=r"2 of 4 recent .*data source 'a', 'b'\)"):
+        window.add(["a", "b", "c", "d"], [result("invalid", "I"), result("error", "E"), result("ok"), result("ok")])
