@@ -149,10 +149,7 @@ async def interrupted(ctx: RunContext) -> None:
 
 
 def finish(ctx: RunContext) -> None:
-    try:
-        ctx.trace.export(ctx.output_dir / "trace.json")
-    except OSError as exc:
-        ctx.log(f"trace.json not written: {exc}")
+    ctx.trace.export(ctx.output_dir / "trace.json", log=ctx.log)
     if ctx.tracker is not None:
         ctx.tracker.close()
     ctx.ledger.close()

@@ -9,15 +9,26 @@ generation of batch k+1 overlapped with training on batch k.
 
 Loop: wait for batch k → sync weights → launch generation of batch k+1 → train on batch k.
 Batch 1 is launched before the loop, so every batch is exactly one update stale. The prompt
-stream runs on across epochs. The batch in flight at a checkpoint is handed out and not
-trained, so the checkpoint lists it and a resumed run generates it again first.
+stream runs on across epochs. A scheduled checkpoint waits for the batch in flight and holds
+it, so a run resumed from it trains exactly what the uninterrupted run would; a checkpoint taken
+on a stop signal mid-generation lists the batch's prompts instead (handed out, not trained),
+and the resumed run generates them again first, under the checkpoint's weights.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
-from asyncrl.pipelines.common import after_step, guarded, staleness_metrics, start, train, validate_before_training
+from asyncrl.pipelines.common import (
+    after_step,
+    due,
+    guarded,
+    staleness_metrics,
+    start,
+    train,
+    validate_before_training,
+)
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.telemetry import clock
 from asyncrl.telemetry.metrics import timer
@@ -31,38 +42,64 @@ async def run(ctx: RunContext) -> int:
 
 
 async def _loop(ctx: RunContext) -> int:
-    step, _ = await start(ctx)
+    batch = NextBatch()
+    ctx.pipeline_state = batch.state
+    step, state = await start(ctx)
     await validate_before_training(ctx, step)
-    pending: asyncio.Task[Batch] | None = launch(ctx, ctx.prompts.next_batch(), step + 1)
+    batch.task = restored(ctx, state["batch"]) if state else launch(ctx, ctx.prompts.next_batch(), step + 1)
     try:
-        while step < ctx.cfg.trainer.total_training_steps and pending is not None:
+        while step < ctx.cfg.trainer.total_training_steps and batch.task is not None:
             step += 1
-            pending = await train_one_step(ctx, step, pending)
+            await train_one_step(ctx, step, batch)
     finally:
-        if pending is not None:
-            pending.cancel()
+        if batch.task is not None:
+            batch.task.cancel()
     return step
 
 
-async def train_one_step(ctx: RunContext, step: int, pending: asyncio.Task[Batch]) -> asyncio.Task[Batch] | None:
+@dataclass
+class NextBatch:
+    """The batch generated while the trainer trains; a checkpoint holds it once finished."""
+
+    task: asyncio.Future[Batch] | None = None
+
+    def state(self) -> dict[str, list[Group]]:
+        t = self.task
+        finished = t is not None and t.done() and not t.cancelled() and t.exception() is None
+        return {"batch": t.result()[0]} if t is not None and finished else {}
+
+
+def restored(ctx: RunContext, groups: list[Group]) -> asyncio.Future[Batch]:
+    """A batch a checkpoint held, as if it had just been generated."""
+    for g in groups:
+        ctx.prompts.claim(g.row)
+    future: asyncio.Future[Batch] = asyncio.get_running_loop().create_future()
+    future.set_result((groups, 0.0))
+    return future
+
+
+async def train_one_step(ctx: RunContext, step: int, batch: NextBatch) -> None:
     """Wait for batch `step`, publish the trainer's weights (unless the rollout side has them
     already: the first step of a run), launch batch `step + 1`, train on batch `step`."""
     metrics: dict[str, float] = {}
-    next_task = None
+    assert batch.task is not None
     with timer("step", metrics):
         with timer("wait_prev_gen", metrics):
-            groups, gen_s = await ctx.stop.race(pending)
+            groups, gen_s = await ctx.stop.race(batch.task)
+        batch.task = None
         metrics["timing_s/generate_sequences"] = gen_s
         if ctx.synchronizer.behind:
             with ctx.trace.span("sync", "sync", version=ctx.synchronizer.version + 1):
                 metrics |= await ctx.synchronizer.sync()
         if step < ctx.cfg.trainer.total_training_steps:
-            next_task = launch(ctx, ctx.prompts.next_batch(), step + 1)
+            batch.task = launch(ctx, ctx.prompts.next_batch(), step + 1)
         with timer("train", metrics):
             metrics |= await train(ctx, groups, step)
+        if batch.task is not None and due(step, ctx.cfg.trainer.save_freq, ctx.total_steps):
+            with timer("wait_gen_for_checkpoint", metrics):  # the checkpoint holds the batch
+                await ctx.stop.race(asyncio.shield(batch.task))
     metrics |= staleness_metrics(groups, ctx.synchronizer.version)
     await after_step(ctx, step, metrics, groups)
-    return next_task
 
 
 def launch(ctx: RunContext, rows: list[PromptRow], step: int) -> asyncio.Task[Batch]:

@@ -135,4 +135,4 @@ def open_tracker(ctx: RunContext, initial_step: int) -> Tracker:
     t = ctx.cfg.trainer
     return make_tracker(t.logger, ctx.output_dir, total_steps=ctx.total_steps or t.total_training_steps,
                         initial_step=initial_step, project=t.project_name,
-                        experiment=t.experiment_name, config=config_to_dict(ctx.cfg))
+                        experiment=t.experiment_name, config=config_to_dict(ctx.cfg), log=ctx.log)

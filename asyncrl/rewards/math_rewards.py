@@ -13,7 +13,7 @@ answer is final: a wrong boxed answer is not rescued by a number after it.
 commas and `$`, numerically (so "72.0" == "72").
 
 math-verify's own signal-based timeouts only work in the main thread, so they are off here:
-`runner.score_response` bounds the time instead. Scores are 1.0 / 0.0 (verl's math_dapo uses
+the reward process pool (`pool.py`) bounds the time instead. Scores are 1.0 / 0.0 (verl's math_dapo uses
 +1 / -1; shift it with `terms.add_terms` if you want that).
 """
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from asyncrl.errors import ConfigError
 
 RewardFn = Callable[[str, str, str, dict[str, Any]], "float | dict[str, Any]"]
-RewardStatus = Literal["ok", "error", "timeout"]
+RewardStatus = Literal["ok", "error", "timeout", "invalid"]
 
 _REGISTRY: dict[str, RewardFn] = {}
 _PREFIXES: dict[str, RewardFn] = {}

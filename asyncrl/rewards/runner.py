@@ -28,7 +28,7 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asyncrl.errors import ConfigError, RewardTimeout
 from asyncrl.rewards.registry import RewardFn, RewardResult, RewardStatus
@@ -58,11 +58,11 @@ class Outcome(NamedTuple):
     trace: str
 
 
-def failed(status: str, error: str, trace: str = "") -> Outcome:
+def failed(status: RewardStatus, error: str, trace: str = "") -> Outcome:
     """A score-0 outcome of a failure kind ("error", "timeout" or "invalid")."""
     assert status in FAILURES, status
     error = " ".join(error.split())[:MAX_ERROR_CHARS]  # one line: it ends up in a RewardError message
-    return Outcome(RewardResult(0.0, status=cast(RewardStatus, status), error=error), trace or error)
+    return Outcome(RewardResult(0.0, status=status, error=error), trace or error)
 
 
 def call_reward(thunk: Callable[[], Any]) -> Outcome:
@@ -74,7 +74,7 @@ def call_reward(thunk: Callable[[], Any]) -> Outcome:
     try:
         value = thunk()
     except BaseException as exc:  # noqa: BLE001 - SystemExit included: the worker must survive it
-        status = "timeout" if isinstance(exc, RewardTimeout) else "error"
+        status: RewardStatus = "timeout" if isinstance(exc, RewardTimeout) else "error"
         return failed(status, _describe(exc), "".join(traceback.format_exception(exc)))
     return to_outcome(value)
 

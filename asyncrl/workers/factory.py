@@ -61,7 +61,8 @@ def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | N
     engine = build_engine(cfg.rollout, copy.deepcopy(model).eval(), eos_ids(model, tok),
                           device=cfg.trainer.device, seed=cfg.seed + index)
     requests = RequestBuilder(cfg.rollout, max_tokens=cfg.data.max_response_length, seed=cfg.seed)
-    return RolloutServer(engine, requests, RewardWorker(tok, cfg.reward))
+    reward = RewardWorker(tok, cfg.reward, window=cfg.data.train_batch_size * cfg.rollout.n)
+    return RolloutServer(engine, requests, reward)
 
 
 def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:

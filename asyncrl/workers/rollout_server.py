@@ -53,7 +53,7 @@ class RolloutServer:
         return group
 
     async def score(self, groups: list[Group]) -> list[Group]:
-        """Rewards in a worker thread, so the engine keeps stepping meanwhile."""
+        """Rewards in the reward process pool (waited for on a thread), so the engine keeps stepping."""
         start = clock.now()
         await asyncio.to_thread(self.reward.score_groups, groups)
         end = clock.now()
@@ -122,6 +122,7 @@ class RolloutServer:
                 "fully_async/partial/continuations": self.partial_continuations} | self.reward.metrics()
 
     def close(self) -> None:
+        self.reward.close()
         closer = getattr(self.engine, "close", None)
         if callable(closer):
             closer()
