@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +39,28 @@ TASKS = ("arithmetic", "countdown", "code", "longtail")
 
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
     """Read YAML (or defaults), apply `key.sub=value` overrides, and check everything."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        text = Path(path).read_text()
-        raw = yaml.safe_load(text) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of config sections")
+    raw: dict[str, Any] = {} if path is None else _read_yaml(Path(path))
     for item in overrides:
         _apply_override(raw, item)
     return config_from_dict(raw)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        problem = "is a directory" if path.exists() else "not found"
+        raise ConfigError(f"config file {path} {problem}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(str(exc.problem or exc.context or "syntax error").split())
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path}: the top level must be a mapping of config sections")
+    return raw
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
@@ -228,16 +244,92 @@ def _choice(value: str, allowed: tuple[str, ...], key: str) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}{hint}")
 
 
-def _positive(cfg: Config) -> None:
-    for key in ("data.train_batch_size", "data.max_response_length", "rollout.n",
-                "actor.ppo_mini_batch_size", "actor.ppo_epochs", "trainer.total_training_steps",
-                "async_training.require_batches", "async_training.trigger_parameter_sync_step",
-                "rollout.kv_budget_tokens", "rollout.max_num_seqs", "rollout.num_engines",
-                "actor.ppo_micro_batch_tokens", "rollout.tensor_model_parallel_size",
-                "sim.length_median", "sim.prompt_length"):
-        section, name = key.split(".")
-        if getattr(getattr(cfg, section), name) <= 0:
-            raise ConfigError(f"{key} must be positive")
+_RULES: dict[str, Callable[[float], bool]] = {
+    ">= 1": lambda v: v >= 1,
+    ">= 0": lambda v: v >= 0,
+    "> 0": lambda v: v > 0,
+    "> 1": lambda v: v > 1,
+    "to -1 (off) or > 0": lambda v: v == -1 or v > 0,
+    "to -1 (off) or >= 0": lambda v: v == -1 or v >= 0,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+    "in (0, 10]": lambda v: 0 < v <= 10,
+    "in [0, 10]": lambda v: 0 <= v <= 10,
+}
+"""Value rules by the words the error message uses for them."""
+
+VALUE_RULES: dict[str, tuple[str, ...]] = {
+    ">= 1": ("data.task_size", "data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
+             "rollout.n", "rollout.val_n", "rollout.kv_budget_tokens", "rollout.max_num_seqs",
+             "rollout.num_engines", "rollout.tensor_model_parallel_size", "rollout.nnodes", "rollout.num_cpus",
+             "actor.ppo_epochs", "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_tokens", "critic.ppo_epochs",
+             "algorithm.kl_ctrl.horizon", "reward.num_workers", "trainer.total_training_steps", "trainer.nnodes",
+             "trainer.num_cpus", "async_training.require_batches", "async_training.trigger_parameter_sync_step",
+             "sim.prompt_length"),
+    ">= 0": ("num_threads", "data.val_size", "rollout.n_gpus_per_node", "rollout.total_rollout_steps",
+             "rollout.test_freq", "actor.warmup_steps", "actor.weight_decay", "actor.clip_ratio_low",
+             "actor.clip_ratio_high", "actor.kl_loss_coef", "critic.warmup_steps", "algorithm.kl_ctrl.kl_coef",
+             "algorithm.filter_groups.max_num_gen_batches", "trainer.test_freq", "trainer.save_freq",
+             "trainer.max_ckpt_to_keep", "trainer.n_gpus_per_node", "async_training.staleness_threshold",
+             "sim.length_sigma", "sim.trace_max_events"),
+    "> 0": ("actor.lr", "actor.grad_clip", "actor.is_cap", "critic.lr", "critic.grad_clip", "critic.cliprange_value",
+            "algorithm.kl_ctrl.target_kl", "reward.timeout_s", "trainer.stop_timeout_s", "sim.length_median"),
+    "> 1": ("actor.clip_ratio_c",),
+    "to -1 (off) or > 0": ("rollout.top_k",),
+    "to -1 (off) or >= 0": ("async_training.max_version_lag",),
+    "in (0, 1]": ("rollout.top_p", "reward.max_failure_ratio"),
+    "in [0, 1]": ("algorithm.gamma", "algorithm.lam", "sim.accuracy"),
+    "in [0, 1)": ("actor.betas",),
+    "in (0, 10]": ("rollout.temperature",),
+    "in [0, 10]": ("rollout.val_temperature",),
+}
+"""Rule -> the keys it holds for; every float is also checked to be finite (no nan, no inf)."""
+
+_HINTS = {
+    "rollout.temperature": "at 0 the training log-probs are meaningless; for greedy validation set "
+                           "rollout.val_temperature=0",
+    "actor.clip_ratio_c": "it is the dual-clip bound of negative advantages",
+}
+
+
+def _get(cfg: Any, key: str) -> Any:
+    return functools.reduce(getattr, key.split("."), cfg)
+
+
+def _check_values(cfg: Config) -> None:
+    """Every key of VALUE_RULES within its range and every float finite; the message names the key,
+    the value and the fix."""
+    ruled = {key: rule for rule, keys in VALUE_RULES.items() for key in keys}
+    for key, value in _numbers(cfg, ""):
+        items = value if isinstance(value, tuple) else (value,)
+        finite = all(math.isfinite(v) for v in items)
+        rule = ruled.get(key)
+        if finite and (rule is None or all(_RULES[rule](v) for v in items)):
+            continue
+        fix = f"set {key} {rule}" if rule else f"set {key} to a finite number"
+        hint = f" ({_HINTS[key]})" if key in _HINTS else ""
+        shown = list(value) if isinstance(value, tuple) else value
+        problem = "is out of range" if finite else "is not a finite number"
+        raise ConfigError(f"{key}={shown!r} {problem}: {fix}{hint}")
+
+
+def _numbers(node: Any, prefix: str) -> typing.Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every int, float or tuple-of-floats field, depth first."""
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _numbers(value, f"{prefix}{f.name}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield prefix + f.name, value
+        elif isinstance(value, tuple) and value and all(isinstance(v, (int, float)) for v in value):
+            yield prefix + f.name, value
+
+
+def _resume_mode(mode: str) -> None:
+    if mode not in ("auto", "disable") and not Path(mode).is_dir():
+        raise ConfigError(f"trainer.resume_mode={mode!r} is not auto, disable or an existing directory: set "
+                          "trainer.resume_mode to auto, disable, or a run or checkpoint directory")
 
 
 def validate(cfg: Config) -> None:
@@ -258,11 +350,10 @@ def validate(cfg: Config) -> None:
         _choice(cfg.data.task, TASKS, "data.task")
     for name in cfg.trainer.logger:
         _choice(name, LOGGERS, "trainer.logger")
-    _positive(cfg)
+    _check_values(cfg)
+    _resume_mode(cfg.trainer.resume_mode)
     _batch_rules(cfg)
     _async_rules(cfg)
-    if not 0 <= cfg.sim.accuracy <= 1 or cfg.sim.length_sigma < 0:
-        raise ConfigError("sim.accuracy must be in [0, 1] and sim.length_sigma >= 0")
 
 
 def _batch_rules(cfg: Config) -> None:
@@ -277,8 +368,6 @@ def _batch_rules(cfg: Config) -> None:
             f"group: set rollout.n >= 2 (got {cfg.rollout.n})")
     if cfg.algorithm.filter_groups.enable and cfg.rollout.n < 2:
         raise ConfigError("algorithm.filter_groups.enable needs rollout.n >= 2")
-    if not 0 <= cfg.rollout.temperature <= 10:
-        raise ConfigError("rollout.temperature must be in [0, 10]")
     if cfg.data.max_prompt_length + cfg.data.max_response_length > cfg.rollout.kv_budget_tokens:
         raise ConfigError("rollout.kv_budget_tokens must hold one full sequence: at least "
                           "data.max_prompt_length + data.max_response_length")
@@ -286,8 +375,6 @@ def _batch_rules(cfg: Config) -> None:
 
 def _async_rules(cfg: Config) -> None:
     a = cfg.async_training
-    if a.staleness_threshold < 0:
-        raise ConfigError("async_training.staleness_threshold must be >= 0")
     if a.partial_rollout and a.staleness_threshold <= 0:
         raise ConfigError("async_training.partial_rollout needs async_training.staleness_threshold "
                           "> 0 (with 0 no generation is ever in flight at a sync)")

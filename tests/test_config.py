@@ -89,3 +89,70 @@ def test_a_key_the_pipeline_ignores_is_an_error(pipeline, override):
     key = override.split("=")[0]
     assert key in str(err.value) and f"pipeline={pipeline}" in str(err.value)
     check_pipeline_keys(load_config(None, ["pipeline=fully_async", override]))  # read there: fine
+
+
+@pytest.mark.parametrize("override", [
+    "actor.lr=-1", "actor.lr=0", "actor.lr=nan", "actor.lr=.inf", "critic.lr=0", "actor.grad_clip=-1",
+    "critic.grad_clip=0", "rollout.temperature=0", "rollout.temperature=11", "rollout.top_p=0", "rollout.top_p=1.5",
+    "rollout.top_k=0", "rollout.top_k=-2", "reward.num_workers=0", "reward.timeout_s=0", "reward.timeout_s=nan",
+    "reward.max_failure_ratio=0", "reward.max_failure_ratio=1.5", "trainer.max_ckpt_to_keep=-1",
+    "trainer.stop_timeout_s=0", "data.train_batch_size=0", "actor.ppo_mini_batch_size=0",
+    "data.max_prompt_length=0", "data.max_response_length=0", "actor.clip_ratio_low=-0.1",
+    "actor.clip_ratio_high=-0.1", "actor.clip_ratio_c=1", "actor.betas=[0.9, 1.0]", "actor.entropy_coeff=nan",
+    "algorithm.gamma=1.5", "algorithm.kl_ctrl.kl_coef=-1", "async_training.max_version_lag=-2",
+    "rollout.val_temperature=-1", "sim.accuracy=2", "trainer.resume_mode=no/such/run",
+])
+def test_value_rules_reject_naming_key_value_and_fix(override):
+    key, _, value = override.partition("=")
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    message = str(err.value)
+    assert message.startswith(f"{key}=") and f"set {key}" in message and "\n" not in message
+    if value in ("nan", ".inf"):
+        assert "not a finite number" in message
+
+
+def test_temperature_zero_points_to_val_temperature():
+    with pytest.raises(ConfigError, match="rollout.val_temperature=0"):
+        load_config(None, ["rollout.temperature=0"])
+
+
+@pytest.mark.parametrize("override", [
+    "rollout.top_k=-1", "rollout.top_k=5", "rollout.top_p=1", "rollout.val_temperature=0",
+    "trainer.max_ckpt_to_keep=0", "async_training.max_version_lag=-1", "trainer.resume_mode=disable",
+    "algorithm.gamma=1", "actor.clip_ratio_low=0",
+])
+def test_value_rules_accept_the_edges(override):
+    load_config(None, [override])
+
+
+def test_resume_mode_accepts_an_existing_directory(tmp_path):
+    assert load_config(None, [f"trainer.resume_mode={tmp_path}"]).trainer.resume_mode == str(tmp_path)
+
+
+def test_every_ruled_key_exists():
+    cfg = Config()
+    for keys in C.VALUE_RULES.values():
+        for key in keys:
+            C._get(cfg, key)  # raises AttributeError on a typo
+
+
+def test_missing_yaml_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"config file .*nope\.yaml not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_malformed_yaml_names_file_line_and_column(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("rollout:\n  n: 4\n  top_k: [1, 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(path) in str(err.value) and "line 4, column 1" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_yaml_top_level_must_be_a_mapping(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(path)

@@ -1,4 +1,4 @@
-"""Read and write prompt datasets in the verl layout (parquet or JSONL) as `PromptRow`s.
+"""Read and write prompt datasets in the verl layout (parquet, JSONL or JSON) as `PromptRow`s.
 
 A row has `data_source` (str, picks the reward function), `prompt` (a list of chat messages
 `{"role", "content"}`), `ability` (str, optional), `reward_model` (a dict/struct with
@@ -8,34 +8,40 @@ Decisions:
 - `uid` is `f"{split_name}-{extra_info['index']}"` when `extra_info` has an `index`, else
   `f"{split_name}-{row_index}"`. Duplicate uids are an error (GRPO groups by uid).
 - `ground_truth` is always a str: numbers via `str()`, lists/dicts as JSON.
+- `.json` holds either one JSON array of rows or, as `datasets.Dataset.to_json` writes it, JSON
+  lines.
 - JSONL may give `prompt` as a plain string: it becomes one user message (handy for hand-written
   files). Parquet must use the verl message list: a string there usually means a different,
   pre-templated layout, and templating it twice would be silently wrong.
 - Parquet cannot tell a missing struct key from a null one, so `None` values in `extra_info`
   are dropped on load.
 
-Malformed rows raise `DataError` naming the file, the 0-based row and the field. Tokenization
-lives in `tokenize.py`; this module does not touch tokenizers.
+Malformed rows raise `DataError` naming the file, the 0-based row and the field; one function,
+`row_from_record`, checks a row, for training and for `asyncrl.preflight` alike. Prompts longer than
+`data.max_prompt_length` are counted and reported by `check_prompt_lengths`, naming the key.
+Tokenization lives in `tokenization.py`; this module does not touch tokenizers.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from asyncrl.errors import DataError
+from asyncrl.errors import ConfigError, DataError
 from asyncrl.types import PromptRow
 
 _MESSAGES_HINT = "must be a list of {role, content} messages"
+SUPPORTED_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 def load_rows(path: str, split_name: str = "train") -> list[PromptRow]:
-    """Load every row of a verl-layout `.parquet` or `.jsonl` file."""
+    """Load every row of a verl-layout `.parquet`, `.jsonl` or `.json` file."""
     if not os.path.exists(path):
         raise DataError(f"data file not found: {path} (check data.train_files / data.val_files)")
     records = _read_records(path)
-    rows = [_to_row(rec, path, i, split_name) for i, rec in enumerate(records)]
+    rows = [row_from_record(rec, path, i, split_name) for i, rec in enumerate(records)]
     _check_unique_uids(rows, path)
     return rows
 
@@ -45,7 +51,9 @@ def _read_records(path: str) -> list[dict[str, Any]]:
         return _read_parquet(path)
     if path.endswith(".jsonl"):
         return _read_jsonl(path)
-    raise DataError(f"{path}: unsupported data file type (expected .parquet or .jsonl)")
+    if path.endswith(".json"):
+        return _read_json(path)
+    raise DataError(f"{path}: unsupported data file type (expected {', '.join(SUPPORTED_SUFFIXES)})")
 
 
 def _read_parquet(path: str) -> list[dict[str, Any]]:
@@ -75,14 +83,32 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{where}: invalid JSON: {exc}") from exc
-            if not isinstance(rec, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-            rec["__format__"] = "jsonl"
-            records.append(rec)
+            records.append(_json_object(rec, where))
     return records
 
 
-def _to_row(rec: dict[str, Any], path: str, index: int, split_name: str) -> PromptRow:
+def _read_json(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if not text.lstrip().startswith("["):
+        return _read_jsonl(path)  # JSON lines under a .json name
+    try:
+        array = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: invalid JSON: {exc}") from exc
+    return [_json_object(rec, f"{path} row {i} (0-based)") for i, rec in enumerate(array)]
+
+
+def _json_object(rec: Any, where: str) -> dict[str, Any]:
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    rec["__format__"] = "jsonl"
+    return rec
+
+
+def row_from_record(rec: dict[str, Any], path: str, index: int, split_name: str = "train") -> PromptRow:
+    """Check one raw record (row `index` of file `path`) and turn it into a `PromptRow`; a malformed
+    field raises `DataError` naming the file, the row and the field."""
     where = f"{path} row {index} (0-based)"
     data_source = rec.get("data_source")
     if not isinstance(data_source, str) or not data_source:
@@ -153,6 +179,34 @@ def _check_unique_uids(rows: list[PromptRow], path: str) -> None:
                 f"of row {seen[row.uid]}; indices must be unique within a file"
             )
         seen[row.uid] = i
+
+
+def check_prompt_lengths(lengths_N: Sequence[int], max_prompt_length: int, source: str,
+                         log: Callable[[str], None]) -> int:
+    """Count the prompts of `source` longer than `data.max_prompt_length` (they are dropped): an error
+    naming the key when that is every prompt, a one-line warning when it is some. Returns the count.
+
+    Example: lengths [212, 90, 30] with max 64 in "train.parquet" logs "warning:
+    data.max_prompt_length=64 drops 2 of 3 prompts in train.parquet (longest 212 tokens); ..." and
+    returns 2.
+    """
+    n_dropped = sum(n > max_prompt_length for n in lengths_N)
+    if not n_dropped:
+        return 0
+    what = (f"data.max_prompt_length={max_prompt_length} drops {n_dropped} of {len(lengths_N)} prompts in "
+            f"{source} (longest {max(lengths_N)} tokens)")
+    if n_dropped == len(lengths_N):
+        raise ConfigError(f"{what}; raise data.max_prompt_length")
+    log(f"warning: {what}; raise data.max_prompt_length to keep them")
+    return n_dropped
+
+
+def drop_overlong(rows: Sequence[PromptRow], max_prompt_length: int, source: str,
+                  log: Callable[[str], None]) -> list[PromptRow]:
+    """The tokenized rows of `source` that fit `data.max_prompt_length`, reported as `check_prompt_lengths` does."""
+    assert all(r.prompt_ids for r in rows), "tokenize the rows first"
+    check_prompt_lengths([len(r.prompt_ids) for r in rows], max_prompt_length, source, log)
+    return [r for r in rows if len(r.prompt_ids) <= max_prompt_length]
 
 
 def _tname(value: Any) -> str:

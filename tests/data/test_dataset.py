@@ -1,4 +1,5 @@
-"""Loading verl-layout parquet/JSONL rows, malformed-row errors, and write/load round trips."""
+"""Loading verl-layout parquet/JSONL/JSON rows, malformed-row errors, write/load round trips, and
+the data.max_prompt_length report."""
 
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from asyncrl.data.dataset import load_rows, write_jsonl, write_parquet
+from asyncrl.data.dataset import (
+    check_prompt_lengths,
+    drop_overlong,
+    load_rows,
+    row_from_record,
+    write_jsonl,
+    write_parquet,
+)
 from asyncrl.data.tasks import TASKS, make_task
-from asyncrl.errors import DataError
+from asyncrl.errors import ConfigError, DataError
+from asyncrl.types import PromptRow
 
 
 def _record(**overrides: Any) -> dict[str, Any]:
@@ -126,3 +135,52 @@ def test_missing_file_and_unknown_extension(tmp_path: Path) -> None:
     (tmp_path / "d.csv").write_text("a,b\n")
     with pytest.raises(DataError, match="unsupported"):
         load_rows(str(tmp_path / "d.csv"))
+
+
+@pytest.mark.parametrize("layout", ["array", "lines"])
+def test_json_file_as_array_or_json_lines(tmp_path: Path, layout: str) -> None:
+    recs = [_record(), _record(prompt="What is 1+1?")]
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(recs) if layout == "array" else "".join(json.dumps(r) + "\n" for r in recs))
+    rows = load_rows(str(path))
+    assert [r.messages[0]["content"] for r in rows] == ["What is 2+3?", "What is 1+1?"]
+
+
+def test_json_array_bad_row_names_file_row_field(tmp_path: Path) -> None:
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([_record(), _record(data_source=None)]))
+    with pytest.raises(DataError, match=r"d\.json row 1 \(0-based\): field 'data_source'"):
+        load_rows(str(path))
+
+
+def test_row_from_record_names_file_row_field() -> None:
+    rec = {**_record(ability=3), "__format__": "jsonl"}
+    with pytest.raises(DataError, match=r"x\.jsonl row 4 \(0-based\): field 'ability'"):
+        row_from_record(rec, "x.jsonl", 4)
+
+
+def test_prompt_lengths_all_dropped_is_an_error_naming_the_key() -> None:
+    with pytest.raises(ConfigError) as err:
+        check_prompt_lengths([212, 90, 70], 64, "train.parquet", log=_no_log)
+    assert str(err.value) == ("data.max_prompt_length=64 drops 3 of 3 prompts in train.parquet "
+                              "(longest 212 tokens); raise data.max_prompt_length")
+
+
+def test_prompt_lengths_some_dropped_is_one_warning_line() -> None:
+    lines: list[str] = []
+    assert check_prompt_lengths([212, 90, 30], 64, "train.parquet", lines.append) == 2
+    assert lines == ["warning: data.max_prompt_length=64 drops 2 of 3 prompts in train.parquet "
+                     "(longest 212 tokens); raise data.max_prompt_length to keep them"]
+    assert check_prompt_lengths([10, 64], 64, "train.parquet", lines.append) == 0 and len(lines) == 1
+
+
+def test_drop_overlong_keeps_the_prompts_that_fit() -> None:
+    rows = [PromptRow(uid=f"t-{n}", data_source="x", messages=(), ground_truth="", prompt_ids=(1,) * n)
+            for n in (3, 9, 5)]
+    lines: list[str] = []
+    assert [r.uid for r in drop_overlong(rows, 5, "f.jsonl", lines.append)] == ["t-3", "t-5"]
+    assert "drops 1 of 3 prompts in f.jsonl (longest 9 tokens)" in lines[0]
+
+
+def _no_log(message: str) -> None:
+    raise AssertionError(f"unexpected log line: {message}")

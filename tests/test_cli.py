@@ -1,0 +1,127 @@
+"""The `asyncrl` command's errors: one line naming the fix and exit 2 for a user's mistake, one line
+and exit 1 for anything else, the traceback only with --debug. No test here trains: each command
+fails in the config or in preflight."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from asyncrl import cli
+from asyncrl.errors import RewardError
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_missing_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["train", "nope.yaml"]) == 2
+    assert one_error_line(capsys) == "asyncrl: error: config file nope.yaml not found"
+
+
+def test_malformed_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "run.yaml").write_text("rollout:\n  n: 4\n bad: [\n")
+    assert cli.main(["train", "run.yaml"]) == 2
+    assert one_error_line(capsys).startswith("asyncrl: error: config file run.yaml is not valid YAML at line 3, "
+                                             "column 2")
+
+
+def test_nan_learning_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["train", "actor.lr=nan"]) == 2
+    assert one_error_line(capsys) == "asyncrl: error: actor.lr=nan is not a finite number: set actor.lr > 0"
+
+
+def test_unwritable_output_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as root: a 0o500 directory is writable anyway")
+        assert cli.main(["train", f"trainer.output_dir={locked}/run"]) == 2
+    finally:
+        locked.chmod(0o700)
+    assert "trainer.output_dir=" in one_error_line(capsys)
+
+
+def test_output_dir_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile").write_text("")
+    assert cli.main(["train", "trainer.output_dir=afile/run"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("asyncrl: error: trainer.output_dir='afile/run': ") and "is a file" in line
+
+
+def test_missing_data_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["train", "data.train_files=[train.parquet]"]) == 2
+    assert one_error_line(capsys) == "asyncrl: error: data.train_files: train.parquet not found"
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str], where: str) -> None:
+    argv = ["--debug", "train", "actor.lr=nan"] if where == "before" else ["train", "actor.lr=nan", "--debug"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "ConfigError" in err
+    assert err.splitlines()[-1] == "asyncrl: error: actor.lr=nan is not a finite number: set actor.lr > 0"
+
+
+def raising(exc: BaseException):
+    """A command that fails with `exc`, in place of train/sim/config."""
+    def command(args: list[str]) -> int:
+        raise exc
+    return command
+
+
+@pytest.mark.parametrize(("exc", "needle"), [
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "weights.bin"),
+     "no such file or directory: weights.bin"),
+    (PermissionError(errno.EACCES, "Permission denied", "/data/train.parquet"),
+     "permission denied: /data/train.parquet"),
+    (OSError(errno.ENOSPC, "No space left on device", "outputs/run/ckpt.pt"),
+     "no space left on device writing outputs/run/ckpt.pt: free space or set trainer.output_dir on another disk"),
+])
+def test_the_outside_worlds_errors_are_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                               exc: BaseException, needle: str) -> None:
+    monkeypatch.setattr(cli, "show_config", raising(exc))
+    assert cli.main(["config"]) == 2
+    assert one_error_line(capsys) == f"asyncrl: error: {needle} (run with --debug for the traceback)"
+
+
+def test_a_tokenizer_error_from_transformers_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    def from_transformers(args: list[str]) -> int:
+        code = "raise OSError(\"Can't load tokenizer for 'm'.\\nMake sure 'm' is the correct path.\")"
+        exec(compile(code, "tokenization_utils_base.py", "exec"), {"__name__": "transformers.tokenization_utils_base"})
+        return 0
+
+    monkeypatch.setattr(cli, "show_config", from_transformers)
+    assert cli.main(["config"]) == 2
+    assert one_error_line(capsys) == ("asyncrl: error: Can't load tokenizer for 'm'. Make sure 'm' is the correct "
+                                      "path. (check model.path) (run with --debug for the traceback)")
+
+
+def test_a_multi_line_error_of_ours_prints_its_first_line(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli, "show_config", raising(RewardError("6 of 8 rewards failed\nTraceback ...\n  boom")))
+    assert cli.main(["config"]) == 2
+    assert one_error_line(capsys) == ("asyncrl: error: 6 of 8 rewards failed "
+                                      "(run with --debug for the full message)")
+
+
+def test_an_unexpected_error_is_internal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli, "show_config", raising(KeyError("step")))
+    assert cli.main(["config"]) == 1
+    assert one_error_line(capsys) == ("asyncrl: internal error: KeyError: 'step' "
+                                      "(run with --debug for the traceback)")
