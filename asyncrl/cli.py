@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import sys
 import time
+import traceback
 from pathlib import Path
+
+import yaml
 
 from asyncrl.config import dump_config, load_config
 from asyncrl.errors import AsyncRLError
+from asyncrl.preflight import preflight
+
+_TRACEBACK_HINT = " (run with --debug for the traceback)"
+_FILE_ERRNOS = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.EROFS, errno.EDQUOT)
 
 
 def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -27,6 +35,7 @@ def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
 def train(args: list[str]) -> int:
     path, overrides = _split_args(args)
     cfg = load_config(path, overrides)
+    preflight(cfg, _stderr)
     from asyncrl.pipelines import pipeline_module
     from asyncrl.pipelines.setup import build_context
 
@@ -84,19 +93,80 @@ def show_config(args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # before or after the command
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     parser.add_argument("command", choices=["train", "sim", "config"])
     parser.add_argument("args", nargs=argparse.REMAINDER, help="[CONFIG.yaml] [key=value ...]")
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args([a for a in argv if a != "--debug"])
     try:
         return {"train": train, "sim": sim, "config": show_config}[ns.command](ns.args)
-    except AsyncRLError as exc:
-        print(f"asyncrl: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("asyncrl: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        return report_error(exc, debug)
+
+
+def report_error(exc: BaseException, debug: bool = False) -> int:
+    """Print one line for `exc` (after its traceback with `debug`) and return the exit status:
+    2 for a user's error (ours, or a missing file, a full disk, bad YAML), 1 for anything else."""
+    if debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    hint = "" if debug else _TRACEBACK_HINT
+    exc = _remote_cause(exc)
+    if isinstance(exc, AsyncRLError):
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        more = " (run with --debug for the full message)" if len(lines) > 1 and not debug else ""
+        print(f"asyncrl: error: {lines[0]}{more}", file=sys.stderr)
+        return 2
+    user_error = _user_error(exc)
+    if user_error is not None:
+        print(f"asyncrl: error: {user_error}{hint}", file=sys.stderr)
+        return 2
+    print(f"asyncrl: internal error: {type(exc).__name__}: {_one_line(exc)}{hint}", file=sys.stderr)
+    return 1
+
+
+def _user_error(exc: BaseException) -> str | None:
+    """One line for the outside world's errors that are not ours; None for anything else."""
+    if isinstance(exc, yaml.YAMLError):
+        return f"invalid YAML: {_one_line(exc)}"
+    if not isinstance(exc, OSError):
+        return None
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on device{f' writing {exc.filename}' if exc.filename else ''}: free space or " \
+               "set trainer.output_dir on another disk"
+    if exc.errno in _FILE_ERRNOS and exc.filename is not None:
+        return f"{(exc.strerror or 'error').lower()}: {exc.filename}"
+    if _raised_in(exc, ("transformers", "huggingface_hub")):  # e.g. no tokenizer in a model directory
+        return f"{_one_line(exc)} (check model.path)"
+    return None
+
+
+def _raised_in(exc: BaseException, packages: tuple[str, ...]) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).split(".")[0] in packages:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _remote_cause(exc: BaseException) -> BaseException:
+    """The worker's own exception inside Ray's wrapper (RayTaskError carries it as `cause`)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) and type(exc).__module__.startswith("ray") else exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 if __name__ == "__main__":
