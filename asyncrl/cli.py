@@ -10,7 +10,6 @@ variants side by side, `--fit metrics.jsonl` fits a profile to a measured run).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import errno
 import sys
 import time
@@ -36,13 +35,17 @@ def train(args: list[str]) -> int:
     path, overrides = _split_args(args)
     cfg = load_config(path, overrides)
     preflight(cfg, _stderr)
-    from asyncrl.pipelines import pipeline_module
+    from asyncrl.pipelines import run_pipeline
     from asyncrl.pipelines.setup import build_context
+    from asyncrl.pipelines.stopping import Stopped
 
-    module = pipeline_module(cfg.pipeline)
     start = time.perf_counter()
     ctx = build_context(cfg)
-    step = asyncio.run(module.run(ctx))
+    try:
+        step = run_pipeline(ctx)
+    except Stopped as exc:
+        print(f"asyncrl: {exc} after update {ctx.step}", file=sys.stderr)
+        return exc.exit_code
     print(f"done: {step} steps in {time.perf_counter() - start:.1f} s; outputs in {ctx.output_dir}",
           file=sys.stderr)
     return 0
@@ -70,9 +73,10 @@ def sim(args: list[str]) -> int:
         fit_from_run(cfg, ns.fit, ns.out, log=lambda m: print(m, file=sys.stderr))
         print(f"wrote {ns.out}; use it with sim.profile={ns.out}", file=sys.stderr)
         return 0
-    from asyncrl.sim.run import simulate
+    from asyncrl.sim.run import sim_config, simulate
     from asyncrl.sim.summary import table
 
+    cfg = sim_config(cfg)
     summary = simulate(cfg)
     print(table([summary]))
     print(f"simulated {summary.steps} steps ({summary.total_s:.0f} virtual s) in {summary.sim_wall_s:.1f} s; "

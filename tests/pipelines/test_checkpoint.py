@@ -171,3 +171,19 @@ def test_a_stop_request_ends_a_wait_for_samples():
         assert await stop.race(asyncio.sleep(0, "ready")) == "ready"  # a finished wait still returns
 
     asyncio.run(main())
+
+
+def test_a_second_signal_or_an_overdue_stop_exits_at_once(monkeypatch):
+    exits: list[int] = []
+    monkeypatch.setattr("asyncrl.pipelines.stopping.os._exit", exits.append)
+
+    async def main() -> None:
+        stop = StopControl(timeout_s=0.05, log=lambda _: None)
+        stop.request(signal.SIGTERM)
+        assert exits == [] and stop.requested
+        stop.request(signal.SIGINT)
+        assert exits == [128 + signal.SIGINT]
+        await asyncio.sleep(0.2)  # nobody stopped within stop_timeout_s
+        assert exits == [128 + signal.SIGINT, 128 + signal.SIGTERM]
+
+    asyncio.run(main())
