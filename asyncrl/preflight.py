@@ -32,14 +32,13 @@ from asyncrl.config_schema import Config, DataConfig, RewardConfig
 from asyncrl.data.dataset import SUPPORTED_SUFFIXES, check_prompt_lengths, load_rows
 from asyncrl.errors import ConfigError
 from asyncrl.models.loading import check_model_path, local_tokenizer_dir
+from asyncrl.pipelines.rundir import RUNS_ROOT
+from asyncrl.rewards import check_signature
 from asyncrl.rewards.registry import load_custom_function, resolve_reward_fn
 from asyncrl.types import PromptRow
 
 LOW_DISK_BYTES = 1 << 30
 """Below this much free space under the output directory, warn: checkpoints may not fit."""
-RUNS_ROOT = Path("outputs")
-"""Where run directories are made when trainer.output_dir is empty (see pipelines/rundir.py)."""
-
 SAMPLE_ROWS = 512
 """Prompts counted per data file at first (see `_count_dropped`), so preflight stays near a second."""
 
@@ -138,7 +137,7 @@ def _count_dropped(counter: LengthCounter, f: DataFile, max_prompt_length: int, 
 def check_rewards(reward: RewardConfig, files: Sequence[DataFile]) -> None:
     """reward.custom_function imports, or every data_source of the data files has a built-in scorer."""
     if reward.custom_function:
-        load_custom_function(reward.custom_function)
+        check_signature(load_custom_function(reward.custom_function), reward.custom_function)
         return
     for source in sorted({r.data_source for f in files for r in f.rows}):
         resolve_reward_fn(source)

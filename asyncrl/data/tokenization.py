@@ -45,7 +45,7 @@ def tokenize_rows(
         else:
             raise DataError(
                 f"prompt of row '{row.uid}' has {len(ids)} tokens > data.max_prompt_length="
-                f"{max_prompt_length}; raise it or set data.filter_overlong_prompts=true"
+                f"{max_prompt_length}; raise data.max_prompt_length"
             )
     return kept, n_filtered
 

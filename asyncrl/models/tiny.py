@@ -58,9 +58,9 @@ class TinySpec:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("ASYNCRL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "asyncrl")
-    return Path(root)
+    from asyncrl.models.loading import cache_dir
+
+    return cache_dir()
 
 
 # Llama rather than Qwen2: transformers 5 loads any tokenizer saved beside a qwen2 config as

@@ -32,6 +32,8 @@ RESUMABLE_KEYS = frozenset({
     "trainer.output_dir", "trainer.allow_config_change", "trainer.stop_timeout_s",
     "trainer.val_before_train", "num_threads"})
 """Keys a resumed run may change without `trainer.allow_config_change`."""
+RUNS_ROOT = Path("outputs")
+"""Where run directories are made when trainer.output_dir is empty."""
 
 
 def prepare_run(cfg: Config, log: Callable[[str], None] = print) -> tuple[Config, Path | None]:
@@ -54,7 +56,7 @@ def prepare_run(cfg: Config, log: Callable[[str], None] = print) -> tuple[Config
     return cfg, resume
 
 
-def new_run_dir(experiment_name: str, root: Path = Path("outputs")) -> Path:
+def new_run_dir(experiment_name: str, root: Path = RUNS_ROOT) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path, n = root / f"{experiment_name}-{stamp}", 1
     while path.exists():

@@ -8,6 +8,7 @@ types are the roles (`asyncrl.roles`), so `mypy` checks the real workers against
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -15,6 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from asyncrl.config import old_log_prob_source
 from asyncrl.config_schema import Config
 from asyncrl.data import load_rows, make_task, tokenize_rows
+from asyncrl.data.dataset import drop_overlong
 from asyncrl.errors import ConfigError
 from asyncrl.models import load_model
 from asyncrl.roles import RolloutSide, TrainerSide
@@ -31,22 +33,22 @@ from asyncrl.workers.trainer import PPOTrainer
 def load_data(cfg: Config, tok: PreTrainedTokenizerBase,
                log: Callable[[str], None]) -> tuple[list[PromptRow], list[PromptRow]]:
     d = cfg.data
+
+    def prompts(rows: list[PromptRow], source: str) -> list[PromptRow]:
+        """Tokenized, without those longer than data.max_prompt_length (counted, naming the key)."""
+        tokenized, _ = tokenize_rows(rows, tok, sys.maxsize, chat_template=d.chat_template or None)
+        return drop_overlong(tokenized, d.max_prompt_length, source, log)
+
     if d.train_files:
-        train = [r for i, f in enumerate(d.train_files) for r in load_rows(f, split_name=f"train{i}")]
+        train = [r for i, f in enumerate(d.train_files) for r in prompts(load_rows(f, split_name=f"train{i}"), f)]
     else:
-        train = make_task(d.task, d.task_size, seed=cfg.seed, split="train")
+        train = prompts(make_task(d.task, d.task_size, seed=cfg.seed, split="train"), f"data.task={d.task}")
     if d.val_files:
-        val = [r for i, f in enumerate(d.val_files) for r in load_rows(f, split_name=f"val{i}")]
+        val = [r for i, f in enumerate(d.val_files) for r in prompts(load_rows(f, split_name=f"val{i}"), f)]
     elif d.train_files:
         val = []
     else:
-        val = make_task(d.task, d.val_size, seed=cfg.seed, split="test")
-    template = d.chat_template or None
-    train, n_train_filtered = tokenize_rows(train, tok, d.max_prompt_length, chat_template=template)
-    val, n_val_filtered = tokenize_rows(val, tok, d.max_prompt_length, chat_template=template)
-    if n_train_filtered or n_val_filtered:
-        log(f"filtered prompts longer than data.max_prompt_length={d.max_prompt_length}: "
-            f"{n_train_filtered} train, {n_val_filtered} val")
+        val = prompts(make_task(d.task, d.val_size, seed=cfg.seed, split="test"), f"data.task={d.task} (test)")
     if len(train) < d.train_batch_size:
         raise ConfigError(f"only {len(train)} training prompts remain after filtering, fewer than "
                           f"data.train_batch_size={d.train_batch_size}")
