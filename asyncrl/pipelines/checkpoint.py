@@ -68,8 +68,8 @@ async def save_checkpoint(ctx: RunContext, state: dict[str, Any] | None = None) 
     state = state if state is not None else snapshot(ctx)
     root = checkpoint_root(ctx.output_dir)
     final = root / f"global_step_{state['step']}"
-    if ctx.resumed_from == final:
-        return final  # nothing trained since the run resumed from it
+    if ctx.last_checkpoint == final:
+        return final  # nothing trained since this run resumed from it or wrote it
     tmp = root / f".{final.name}.partial"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -89,6 +89,7 @@ async def save_checkpoint(ctx: RunContext, state: dict[str, Any] | None = None) 
             f"could not write the checkpoint of step {state['step']} in {root}: {exc.strerror or exc}; "
             f"the newest complete checkpoint is {last.name if last else 'none'} (free space, or set "
             "trainer.max_ckpt_to_keep lower)") from exc
+    ctx.last_checkpoint = final
     prune(root, ctx.cfg.trainer.max_ckpt_to_keep)
     return final
 

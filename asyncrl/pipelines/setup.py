@@ -98,8 +98,9 @@ class RunContext:
     """An update is running: its weights and its prompts do not agree until it ends."""
     resume_from: Path | None = None
     """The checkpoint this run starts from (`trainer.resume_mode`)."""
-    resumed_from: Path | None = None
-    """The checkpoint it did start from, once loaded: never rewritten."""
+    last_checkpoint: Path | None = None
+    """The checkpoint this run resumed from or last wrote: saving its step again is skipped, so
+    the checkpoint a run started from is never rewritten."""
     pipeline_state: Callable[[], dict[str, Any]] | None = None
     """The pipeline's own part of a checkpoint, taken at one instant (see `checkpoint.snapshot`)."""
 

@@ -46,7 +46,7 @@ class ScriptedTrainer:
 def fake_ctx(out: Path, keep: int = 0) -> SimpleNamespace:
     prompts = PromptIterator(make_task("arithmetic", 10), 2, seed=0)
     cfg = load_config(None, [f"trainer.max_ckpt_to_keep={keep}"])
-    return SimpleNamespace(output_dir=out, resumed_from=None, trainer=ScriptedTrainer(), tokenizer=None, cfg=cfg,
+    return SimpleNamespace(output_dir=out, last_checkpoint=None, trainer=ScriptedTrainer(), tokenizer=None, cfg=cfg,
                            synchronizer=SimpleNamespace(version=0, behind=False), step=0, prompts=prompts,
                            pipeline_state=lambda: {"queue": ["a group"]})
 
@@ -102,8 +102,10 @@ def test_retention_deletes_old_checkpoints_only_after_a_newer_one_is_complete(tm
 def test_the_checkpoint_a_run_resumed_from_is_never_rewritten(tmp_path):
     ctx = fake_ctx(tmp_path)
     first = save_at(ctx, 5)
-    ctx.resumed_from = first
-    assert save_at(ctx, 5) == first and ctx.trainer.saves == 1
+    assert save_at(ctx, 5) == first and ctx.trainer.saves == 1  # written by this run
+    resumed = fake_ctx(tmp_path)
+    resumed.last_checkpoint = first
+    assert save_at(resumed, 5) == first and resumed.trainer.saves == 0
 
 
 def test_no_output_dir_gives_a_new_directory_per_run(tmp_path, monkeypatch):

@@ -7,12 +7,15 @@ No prompt may be lost or trained twice; colocated and one-step-off resume to the
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import signal
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from asyncrl.errors import WorkerDied
 from asyncrl.pipelines import pipeline_module
 from asyncrl.pipelines.checkpoint import latest_checkpoint, load_checkpoint_state
 from asyncrl.pipelines.setup import RunContext
@@ -191,5 +194,37 @@ def test_fully_async_on_ray_stopped_with_a_full_queue_trains_each_prompt_once(ti
     overrides = [*FULLY_ASYNC, *MODES["c_stale"], "backend=ray"]
     assert interrupt(tmp_path, overrides, "update", 3, delay_s=1.5) is Stopped
     assert load_checkpoint_state(latest_checkpoint(tmp_path))["pipeline"]["queue"]
+    run_pipeline(tmp_path, *overrides)
+    assert_each_prompt_once(tmp_path, 24)
+
+
+def kill_worker_at(ctx: RunContext, where: str, at: int, worker) -> None:
+    """kill -9 the process of `worker` (a Ray proxy) at the `at`-th event `where`."""
+    count = 0
+
+    async def kill_then(call, *args, **kwargs):
+        nonlocal count
+        count += 1
+        if count == at:
+            os.kill(await worker._caller.pid(), signal.SIGKILL)
+        return await call(*args, **kwargs)
+
+    if where == "generation":
+        generate = ctx.rollout.generate_scored
+        ctx.rollout.generate_scored = functools.partial(kill_then, generate)  # type: ignore[method-assign]
+    else:
+        ctx.trainer = Hooked(ctx.trainer, train_groups=functools.partial(kill_then, ctx.trainer.train_groups))
+
+
+@pytest.mark.parametrize(("role", "where", "at"), [("rollout worker 0", "generation", 14), ("trainer", "update", 4)])
+def test_a_killed_ray_worker_is_named_and_loses_no_prompt(tiny_cache, ray_cluster, tmp_path, role, where, at):
+    overrides = [*FULLY_ASYNC, *MODES["c_stale"], "backend=ray"]
+    ctx = make_context(tmp_path, *overrides)
+    worker = ctx.rollout.workers[0] if role.startswith("rollout") else ctx.trainer
+    kill_worker_at(ctx, where, at, worker)
+    with pytest.raises(WorkerDied, match=f"^{role} died"):
+        asyncio.run(pipeline_module(ctx.cfg.pipeline).run(ctx))
+    saved = load_checkpoint_state(latest_checkpoint(tmp_path))["step"]
+    assert saved == (2 if role == "trainer" else ctx.step)  # a dead trainer saves nothing: save_freq=2 did
     run_pipeline(tmp_path, *overrides)
     assert_each_prompt_once(tmp_path, 24)
