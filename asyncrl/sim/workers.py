@@ -23,7 +23,7 @@ from asyncrl.config_schema import Config
 from asyncrl.roles import PauseMode, WeightSink
 from asyncrl.scheduling.batching import num_mini_batches
 from asyncrl.sim import costs
-from asyncrl.sim.engine import EngineModel, Finished, GroupSpec, SimEngine
+from asyncrl.sim.engine import EngineModel, Finished, GroupSpec, Runs, SimEngine
 from asyncrl.sim.profile import Profile
 from asyncrl.sim.workload import Workload
 from asyncrl.sync.tensors import WeightMeta
@@ -44,6 +44,8 @@ class SimRolloutServer:
         self._groups = 0
         self._in_flight: dict[str, GroupSpec] = {}  # uid -> its group, for `abort`
         self._reward_s = profile.reward_s / max(cfg.reward.num_workers, 1)
+        self._placeholders: Placeholders = {}
+        self._placeholders_version = -1
 
     @property
     def version(self) -> int:
@@ -59,11 +61,19 @@ class SimRolloutServer:
             finished = await self.engine.generate(spec, self.workload.response_lengths(row, self.version, n))
         finally:
             del self._in_flight[uid]
-        group = Group(uid=uid, row=row, trajectories=[_trajectory(f, spec, f"{uid}/{f[3]}", row) for f in finished])
+        group = Group(uid=uid, row=row, trajectories=self._trajectories(finished, spec, uid, row))
         done = group.unaborted()
         if score and done.trajectories:
             await self.score([done])
         return group
+
+    def _trajectories(self, finished: Sequence[Finished], spec: GroupSpec, uid: str,
+                      row: PromptRow | None) -> list[Trajectory]:
+        """Responses of one version share their placeholders; a new version starts afresh (runs
+        name their versions, so a run-long cache would keep every distinct response of the run)."""
+        if self.version != self._placeholders_version:
+            self._placeholders, self._placeholders_version = {}, self.version
+        return [_trajectory(f, spec, f"{uid}/{f[3]}", row, self._placeholders) for f in finished]
 
     async def score(self, groups: list[Group]) -> list[Group]:
         trajectories = [t for g in groups for t in g.trajectories]
@@ -85,7 +95,7 @@ class SimRolloutServer:
         partials = []
         for uid, indices in by_uid.items():
             spec = self._in_flight[uid]
-            partials += [_trajectory(f, spec, f"{uid}/{f[3]}", None) for f in self.engine.abort(spec.group, indices)]
+            partials += self._trajectories(self.engine.abort(spec.group, indices), spec, uid, None)
         return partials
 
     async def pause(self, mode: PauseMode = "keep") -> None:
@@ -111,8 +121,7 @@ class SimRolloutServer:
                 "fully_async/partial/continuations": self.partial_continuations}
 
 
-_PLACEHOLDERS: dict[tuple[tuple[int, int], ...], tuple[RunLength[int], RunLength[float], RunLength[int]]] = {}
-_MAX_PLACEHOLDERS = 100_000  # responses of one version share them; older versions' go
+Placeholders = dict[Runs, tuple[RunLength[int], RunLength[float], RunLength[int]]]
 
 
 def _placeholders(runs: tuple[tuple[int, int], ...]) -> tuple[RunLength[int], RunLength[float], RunLength[int]]:
@@ -122,13 +131,12 @@ def _placeholders(runs: tuple[tuple[int, int], ...]) -> tuple[RunLength[int], Ru
     return RunLength(((0, n),), n), RunLength(((0.0, n),), n), RunLength(runs, n)
 
 
-def _trajectory(f: Finished, spec: GroupSpec, request_id: str, row: PromptRow | None) -> Trajectory:
+def _trajectory(f: Finished, spec: GroupSpec, request_id: str, row: PromptRow | None,
+                placeholders: Placeholders) -> Trajectory:
     n, runs, end, _, aborted = f
-    shared = _PLACEHOLDERS.get(runs)
+    shared = placeholders.get(runs)
     if shared is None:
-        if len(_PLACEHOLDERS) >= _MAX_PLACEHOLDERS:
-            _PLACEHOLDERS.clear()
-        shared = _PLACEHOLDERS[runs] = _placeholders(runs)
+        shared = placeholders[runs] = _placeholders(runs)
     ids, logprobs, versions = shared
     reason: FinishReason = "aborted" if aborted else "length" if n >= spec.max_tokens else "stop"
     prompt = row.prompt_ids if row is not None else RunLength(((0, spec.prompt_len),))
