@@ -14,6 +14,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS, IMG = ROOT / "bench/results", ROOT / "docs/img"
+PIPELINE_ORDER = ("colocated", "one_step_off", "fully_async")
 
 
 def load(name: str) -> Any:
@@ -130,6 +131,97 @@ def plan_section(plan: Any) -> list[str]:
     return [*out, "", "![plan](img/plan128.png)"]
 
 
+def _spread(stat: dict[str, float] | None, unit: str = " s", digits: int = 2, scale: float = 1.0) -> str:
+    """"1.04 s (0.96-1.27)": median (min-max) over the repeats, each value times `scale`."""
+    if not stat:
+        return "–"
+    med, lo, hi = (f"{stat[k] * scale:.{digits}f}" for k in ("median", "min", "max"))
+    return f"{med}{unit}" if lo == hi else f"{med}{unit} ({lo}-{hi})"
+
+
+DISK_FAULTS = {"tmpfs_model_weights": "a tmpfs fills during model.safetensors",
+               "tmpfs_optimizer_state": "a tmpfs fills during actor_state.pt (torch.save)",
+               "enospc_in_atomic_write": "ENOSPC from the checkpoint's own writes (as the unit test)"}
+
+
+def faults_section(data: Any) -> list[str]:
+    if not data:
+        return ["_not run yet: `./run.sh bench --only faults`_"]
+    s, parts, cfg = data["summary"], data["parts"], data["config"]
+    runs = [r for part in ("sigterm", "sigkill") for rs in parts.get(part, {}).values() for r in rs]
+    runs += parts.get("reward_mid_run", {}).get("raises", [])
+    exact = sum(r["ledger"]["twice"] == r["ledger"]["lost"] == r["ledger"]["extra"] == 0
+                and r["ledger"]["same_as_uninterrupted"] is not False for r in runs if "ledger" in r)
+    loads = ", ".join(f"{part} {v:.2f}" for part, v in data["load"].items() if isinstance(v, float) and part != "after")
+    problems = [f"- {part}: {text}" for part, texts in data["problems"].items() for text in texts]
+    return [f"Command: `{data['command']}` (median (min-max) of {cfg['repeats']} repeats; each scenario a separate "
+            "`asyncrl train` on the arithmetic task, 8 prompts x 4 responses per step, `num_threads=1`; 1-min load "
+            f"when each part started: {loads}). Resumed runs checked: {exact} of {len(runs)} trained every prompt "
+            "exactly once (colocated and one-step-off: the same (step, prompt) list as an uninterrupted run). What "
+            "each fault means and the tests that cover it: [reliability.md](reliability.md).", "",
+            *_fault_rows(s, parts, cfg), "", *_busy_loop_rows(s.get("reward_pool")), "",
+            "Problems found:" if problems else "Problems found: none.", *problems]
+
+
+def _fault_rows(s: dict[str, Any], parts: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    out = ["| fault | what happens | cost: median (min-max) |", "|---|---|---|"]
+    for pipeline, runs in parts.get("sigterm", {}).items():
+        t, first = s[f"sigterm/{pipeline}"], runs[0]
+        out.append(f"| SIGTERM after update {first['logged_at_signal']}, {pipeline} | exit {first['exit_code']}, "
+                   f"checkpoint of update {first['checkpoint_step']} | signal → checkpoint "
+                   f"{_spread(t['checkpointed_s'])}, → exit {_spread(t['exit_s'])}; prompts generated again on "
+                   f"resume: {_spread(t['prompts_redone'], '', 0)} (handed out "
+                   f"{_spread(t['outstanding_prompts'], '', 0)}, finished groups kept "
+                   f"{_spread(t['restored_groups'], '', 0)}) |")
+    for pipeline in parts.get("sigkill", {}):
+        k, c = s[f"sigkill/{pipeline}"], s[f"checkpoint/{pipeline}"]
+        out.append(f"| SIGKILL after update {cfg['kill_at']}, {pipeline}, `trainer.save_freq={cfg['save_freq']}` "
+                   f"| resumes from the last scheduled checkpoint | updates lost: {_spread(k['updates_lost'], '', 0)};"
+                   f" a save takes {_spread(c['save_s'], ' s', 3)}, {_spread(c['mb'], ' MB', 1)} |")
+    for pipeline in PIPELINE_ORDER:
+        if st := s.get(f"startup/{pipeline}"):
+            out.append(f"| resume start-up, {pipeline} | process start → first update logged (step 1 warms up) | "
+                       f"resumed {_spread(st['resume'])} vs fresh {_spread(st['fresh'])} |")
+    for kind, what in (("raises", "RewardError in one line, exit 2, checkpoint of the last update"),
+                       ("hangs", f"each call killed at `reward.timeout_s={cfg['reward_timeout_s']:g}`, then "
+                                 "RewardError as above")):
+        if r := s.get(f"reward_{kind}"):
+            out.append(f"| reward function {kind} from update 4 on (colocated) | {what} | "
+                       f"failure → exit {_spread(r['stop_s'])} |")
+    if p := s.get("reward_pool"):
+        out += [f"| a reward call past its deadline ({cfg['reward_timeout_s']:g} s) | status timeout; the worker "
+                f"and its children are killed | {_spread(p['hang_call_s'])}; the next call starts a worker: "
+                f"{_spread(p['after_hang_call_s'], ' ms', 1, 1e3)} "
+                f"(warm: {_spread(p['warm_call_s'], ' ms', 2, 1e3)}) |",
+                f"| a reward worker dies mid-call | replaced, the call retried once; a second death: status error | "
+                f"retried call {_spread(p['crash_once_call_s'], ' ms', 1, 1e3)}; died twice "
+                f"{_spread(p['crash_call_s'], ' ms', 1, 1e3)} |",
+                f"| (throughput) a trivial reward through the pool, 2 workers | – | "
+                f"{_spread(p['calls_per_s_2_workers'], ' calls/s', 0)} |"]
+    for name, r in parts.get("disk_full", {}).items():
+        if "skipped" not in r:
+            left = ", ".join(r["partial"]) or "none"
+            out.append(f"| full disk: {DISK_FAULTS.get(name, name)} | exit {r['exit_code']}: `{r['last_line'][:90]}…` "
+                       f"| partial dirs left: {left}; {r['newest']} loads: {r['newest_loads']} |")
+    return out
+
+
+def _busy_loop_rows(p: dict[str, Any] | None) -> list[str]:
+    if not p:
+        return []
+    out = ["A fixed CPU loop in the trainer's process (python: 3M-step generator sum; torch: 200 x "
+           "`tanh(x @ a) * 0.5` on 64x64, one thread), alone and beside two busy-looping rewards:", "",
+           "| loop | alone | 2 rewards in pool processes | 2 rewards in threads (the old runner) |",
+           "|---|---|---|---|"]
+    for loop in ("python", "torch"):
+        alone = p[f"{loop}_loop_s/alone"]["median"]
+        cells = [f"{_spread(p[f'{loop}_loop_s/{tag}'], ' ms', 1, 1e3)}, "
+                 f"{p[f'{loop}_loop_s/{tag}']['median'] / alone:.1f}×"
+                 for tag in ("2_busy_reward_processes", "2_busy_reward_threads")]
+        out.append(f"| {loop} | {_spread(p[f'{loop}_loop_s/alone'], ' ms', 1, 1e3)} | {cells[0]} | {cells[1]} |")
+    return out
+
+
 def _bar_plot(name: str, names: list[str], values: list[float], ylabel: str, second: list[float] | None = None,
               labels: tuple[str, str] = ("", "")) -> None:
     try:
@@ -175,6 +267,8 @@ def main() -> None:
         *calibration_section(load("calibration")), "",
         "## Planning 128 GPUs with the simulator (64 rollout + 64 trainer GPUs, every mode)", "",
         *plan_section(load("plan")), "",
+        "## Faults: what a stop, a kill, a failing reward or a full disk costs (tiny model)", "",
+        *faults_section(load("faults")), "",
     ]
     (ROOT / "docs/benchmarks.md").write_text("\n".join(parts))
 

@@ -13,6 +13,9 @@ docs/benchmarks.md and docs/img/*.png):
 - sync:       weight sync vs the memory-copy bound (bench/weight_sync.py)
 - calibrate:  the h20-qwen2.5-7b profile vs SPEC §6 (bench/calibrate.py)
 - plan:       a 400-step 128-GPU schedule (speed of the simulator) and every mode compared on it
+- faults:     what SIGTERM, SIGKILL, a failing or hung reward, a crashing reward worker and a full
+              disk cost, and that each resume trains every prompt once (bench/faults.py;
+              docs/reliability.md)
 Run it on an otherwise idle machine: each part measures wall-clock on 2 cores.
 """
 
@@ -104,8 +107,12 @@ def part_plan() -> None:
                                f"{quiet} --compare modes", "rows": compare}}, indent=1))
 
 
+def part_faults() -> None:
+    sh(PY, "bench/faults.py")
+
+
 PARTS = {"pipelines": part_pipelines, "sim": part_sim, "peer": part_peer, "engine": part_engine,
-         "sync": part_sync, "calibrate": part_calibrate, "plan": part_plan}
+         "sync": part_sync, "calibrate": part_calibrate, "plan": part_plan, "faults": part_faults}
 
 
 def main() -> None:
