@@ -268,7 +268,8 @@ VALUE_RULES: dict[str, tuple[str, ...]] = {
              "trainer.num_cpus", "async_training.require_batches", "async_training.trigger_parameter_sync_step",
              "sim.prompt_length"),
     ">= 0": ("num_threads", "data.val_size", "rollout.n_gpus_per_node", "rollout.total_rollout_steps",
-             "rollout.test_freq", "actor.warmup_steps", "actor.weight_decay", "actor.clip_ratio_low",
+             "rollout.test_freq", "rollout.max_restarts",
+             "actor.warmup_steps", "actor.weight_decay", "actor.clip_ratio_low",
              "actor.clip_ratio_high", "actor.kl_loss_coef", "critic.warmup_steps", "algorithm.kl_ctrl.kl_coef",
              "algorithm.filter_groups.max_num_gen_batches", "trainer.test_freq", "trainer.save_freq",
              "trainer.max_ckpt_to_keep", "trainer.n_gpus_per_node", "async_training.staleness_threshold",
@@ -354,6 +355,7 @@ def validate(cfg: Config) -> None:
     _resume_mode(cfg.trainer.resume_mode)
     _batch_rules(cfg)
     _async_rules(cfg)
+    _restart_rules(cfg)
 
 
 def _batch_rules(cfg: Config) -> None:
@@ -371,6 +373,14 @@ def _batch_rules(cfg: Config) -> None:
     if cfg.data.max_prompt_length + cfg.data.max_response_length > cfg.rollout.kv_budget_tokens:
         raise ConfigError("rollout.kv_budget_tokens must hold one full sequence: at least "
                           "data.max_prompt_length + data.max_response_length")
+
+
+def _restart_rules(cfg: Config) -> None:
+    r = cfg.rollout
+    if r.max_restarts and (cfg.backend != "ray" or r.num_engines < 2 or cfg.trainer.device != "cpu"):
+        raise ConfigError(f"rollout.max_restarts={r.max_restarts} needs backend=ray, rollout.num_engines >= 2 (the "
+                          "others carry the work while a restarted worker waits for the next weight sync) and "
+                          "trainer.device=cpu (weights through the object store); set rollout.max_restarts=0")
 
 
 def _async_rules(cfg: Config) -> None:

@@ -67,6 +67,8 @@ class RolloutConfig:
     """Rollout engine (asyncrl.rollout.registry): torch = continuous batching in plain torch."""
     num_engines: int = 1
     """Rollout workers behind the router, one engine each (they share rollout.num_cpus)."""
+    max_restarts: int = 0
+    """Ray: restarts of a dead rollout worker (the others take its groups; it rejoins at the next sync); 0 stops."""
     tensor_model_parallel_size: int = 1
     """Devices per rollout engine (modelled by `asyncrl sim`; the CPU torch engine runs with 1)."""
     val_n: int = 4

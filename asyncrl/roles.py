@@ -113,13 +113,15 @@ class RolloutSide(WeightSink, Protocol):
     """A rollout host: engines + reward workers; turns prompts into scored groups."""
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
-                              score: bool = True) -> Group:
+                              score: bool = True, partials: Sequence[Trajectory] = ()) -> Group:
         """The n responses to `row` (request ids `{uid}/{i}`), scored once the last one is done.
-        A response aborted through `abort` comes back with finish_reason "aborted", unscored."""
+        A response aborted through `abort` comes back with finish_reason "aborted", unscored.
+        `partials`: this group's responses from a stopped run (its checkpoint): a finished one
+        is kept, an aborted one continues from its tokens, log-probs and versions."""
         ...
 
     async def score(self, groups: list[Group]) -> list[Group]:
-        """Rewards for these groups (in worker threads; generation keeps running)."""
+        """Rewards for these groups (in the reward process pool; generation keeps running)."""
         ...
 
     async def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:

@@ -68,8 +68,8 @@ async def save_checkpoint(ctx: RunContext, state: dict[str, Any] | None = None) 
     state = state if state is not None else snapshot(ctx)
     root = checkpoint_root(ctx.output_dir)
     final = root / f"global_step_{state['step']}"
-    if ctx.last_checkpoint == final:
-        return final  # nothing trained since this run resumed from it or wrote it
+    if ctx.resumed_from == final:
+        return final  # nothing trained since the run resumed from it
     tmp = root / f".{final.name}.partial"
     try:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -82,16 +82,23 @@ async def save_checkpoint(ctx: RunContext, state: dict[str, Any] | None = None) 
         atomic_write_text(tmp / COMPLETE, "")
         _replace_dir(tmp, final)
         atomic_write_text(root / LATEST, str(state["step"]))
-    except OSError as exc:
+    except Exception as exc:  # a full disk fails in safetensors or torch.save as often as in open()
         shutil.rmtree(tmp, ignore_errors=True)
         last = latest_checkpoint(ctx.output_dir)
+        cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
         raise CheckpointError(
-            f"could not write the checkpoint of step {state['step']} in {root}: {exc.strerror or exc}; "
-            f"the newest complete checkpoint is {last.name if last else 'none'} (free space, or set "
-            "trainer.max_ckpt_to_keep lower)") from exc
-    ctx.last_checkpoint = final
+            f"could not write the checkpoint of step {state['step']} in {root} ({cause}; "
+            f"{_free_mb(root):.0f} MB free); the newest complete checkpoint is {last.name if last else 'none'} "
+            "(free space, or set trainer.max_ckpt_to_keep lower)") from exc
     prune(root, ctx.cfg.trainer.max_ckpt_to_keep)
     return final
+
+
+def _free_mb(path: Path) -> float:
+    try:
+        return shutil.disk_usage(path).free / 2**20
+    except OSError:
+        return float("nan")
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

@@ -28,7 +28,7 @@ async def start(ctx: RunContext, total_steps: int | None = None) -> tuple[int, d
     state: dict[str, Any] = {"step": 0, "pipeline": {}}
     if ctx.resume_from is not None:
         state = await load_checkpoint(ctx, ctx.resume_from)
-        ctx.last_checkpoint = ctx.resume_from
+        ctx.resumed_from = ctx.resume_from
         await ctx.synchronizer.push(state["version"] + int(state["behind"]))
         ctx.log(f"resumed from {ctx.resume_from} (step {state['step']}, policy version {ctx.synchronizer.version}, "
                 f"{len(ctx.prompts.outstanding)} prompts handed out and not trained to generate again)")
@@ -125,6 +125,7 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
     if due(step, t.save_freq, ctx.total_steps):
         with timer("save_checkpoint", metrics):
             await save_checkpoint(ctx, state)
+        ctx.trace.export(ctx.output_dir / "trace.json", log=ctx.log)  # a kill keeps the trace so far
     log_step(ctx, step, metrics)
     ctx.stop.check()
 

@@ -27,6 +27,7 @@ from typing import Any
 from asyncrl.pipelines.common import after_step, guarded, staleness_metrics, start, train, validate_before_training
 from asyncrl.pipelines.rollouter import Rollouter
 from asyncrl.pipelines.setup import RunContext
+from asyncrl.pipelines.stopping import Stopped
 from asyncrl.queue.message_queue import MessageQueue
 from asyncrl.scheduling.batching import prompts_per_update
 from asyncrl.scheduling.staleness import StalenessBudget
@@ -76,22 +77,25 @@ class AsyncTrainer:
     def state(self) -> dict[str, Any]:
         """The pipeline's part of a checkpoint (the policy version is the synchronizer's, the
         prompts in flight are the prompt stream's): counts, the staleness budget, the queue."""
-        return {"trained": self.trained, "dropped": self.dropped, "started": self.rollouter.started,
-                "in_flight": self.rollouter.in_flight, "budget_started": self.budget.started,
-                "num_stale": self.budget.num_stale, "queue": self.queue.items}
+        r = self.rollouter
+        return {"trained": self.trained, "dropped": self.dropped, "started": r.started, "launches": r.launches,
+                "in_flight": r.in_flight, "budget_started": self.budget.started, "num_stale": self.budget.num_stale,
+                "queue": self.queue.items, "parked": r.parked}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue from `state()`: queued groups go back into the queue (not generated again);
-        the prompts in flight then are started again, counted against the budget anew."""
+        """Continue from `state()`: queued groups go back into the queue (not generated again),
+        parked ones (a stop's partial responses) are continued first; the other prompts in
+        flight then are started again. Restarted groups count against the budget anew."""
         if not state:
             return
         self.trained, self.dropped = state["trained"], state["dropped"]
-        self.rollouter.started = state["started"]
-        self.budget.started = max(state["budget_started"] - state["in_flight"], 0)
+        self.rollouter.started, self.rollouter.launches = state["started"], state["launches"]
+        self.budget.started = max(state["budget_started"] - state["in_flight"], 0)  # those start again
         self.budget.num_stale = state["num_stale"]
-        for group in state["queue"]:
+        for group in state["queue"] + state["parked"]:
             self.ctx.prompts.claim(group.row)
         self.queue.restore(state["queue"])
+        self.rollouter.continue_parked(state["parked"])
 
     async def collect(self, metrics: dict[str, float]) -> list[Group]:
         """The next R prompts' groups (fewer at the end), skipping any past the lag cap."""
@@ -158,6 +162,10 @@ async def _loop(ctx: RunContext) -> int:
         for task in done:
             task.result()  # a crash in either loop fails the run with its error
         return await train_task
+    except Stopped:
+        if a.partial_rollout:  # the checkpoint keeps the partial responses (else they start over)
+            await rollouter.park()
+        raise
     finally:
         rollout_task.cancel()
         rollouter.cancel()

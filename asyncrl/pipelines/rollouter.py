@@ -11,12 +11,13 @@ against `total_prompts`, so the stream ends only when the trainer says every pro
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.queue.message_queue import MessageQueue
 from asyncrl.scheduling.staleness import StalenessBudget
 from asyncrl.telemetry import clock
-from asyncrl.types import PromptRow
+from asyncrl.types import Group, PromptRow, Trajectory
 
 
 class Rollouter:
@@ -33,9 +34,17 @@ class Rollouter:
         self._idle_s = 0.0
         self._idle_since: float | None = clock.now()
         self._start_time = clock.now()
-        self._launches = 0
+        self.launches = 0
+        """Groups started in the run (they name the groups' uids, and continue over a resume)."""
         self._error: BaseException | None = None
         self._finished = False
+        self._running: dict[str, PromptRow] = {}
+        """Groups in flight by uid."""
+        self._parking = False
+        self.parked: list[Group] = []
+        """At a stop, the groups in flight as they were, aborted (for the checkpoint)."""
+        self._to_continue: list[Group] = []
+        """Parked groups of the stopped run this one resumed: started first, continued."""
 
     async def run(self) -> None:
         """Start prompts as the budget allows until the trainer has trained them all."""
@@ -47,7 +56,11 @@ class Rollouter:
             self._raise_if_failed()
             if self._finished:
                 return
-            self._launch(self._next_row())
+            if self._to_continue:
+                group = self._to_continue.pop(0)
+                self._launch(group.row, group.uid, group.trajectories)
+            else:
+                self._launch(self._next_row())
 
     async def finish(self) -> None:
         """Called by the trainer once every prompt is trained."""
@@ -56,7 +69,7 @@ class Rollouter:
             self._changed.notify_all()
 
     def _may_start(self) -> bool:
-        has_prompt = self.started < self.total_prompts or self.ctx.prompts.has_replay
+        has_prompt = self.started < self.total_prompts or self.ctx.prompts.has_replay or bool(self._to_continue)
         return has_prompt and not self._held and self.budget.can_start()
 
     def _next_row(self) -> PromptRow:
@@ -64,24 +77,34 @@ class Rollouter:
             self.started += 1
         return self.ctx.prompts.next_prompt()
 
-    def _launch(self, row: PromptRow) -> None:
+    def _launch(self, row: PromptRow, uid: str | None = None, partials: Sequence[Trajectory] = ()) -> None:
         self.budget.on_start()
         self.in_flight += 1
         self._mark_busy()
-        self._launches += 1
-        task = asyncio.create_task(self._one(row, f"{row.uid}@a{self._launches}"))
+        self.launches += 1
+        uid = uid or f"{row.uid}@a{self.launches}"
+        self._running[uid] = row
+        task = asyncio.create_task(self._one(row, uid, partials))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _one(self, row: PromptRow, uid: str) -> None:
+    async def _one(self, row: PromptRow, uid: str, partials: Sequence[Trajectory]) -> None:
+        queued = False
         try:
-            group = await self.ctx.rollout.generate_scored(row, self.ctx.cfg.rollout.n, uid)
-            await self.queue.put(group)
+            group = await self.ctx.rollout.generate_scored(row, self.ctx.cfg.rollout.n, uid, partials=partials)
+            if self._parking:
+                self.parked.append(group)
+            else:
+                await self.queue.put(group)
+                queued = True
         except BaseException as exc:  # noqa: BLE001 - re-raised by run()/drain()
             self._error = exc
         finally:
             async with self._changed:
+                if not queued:  # its prompt stays outstanding and is started again (after a resume)
+                    self.budget.on_abandoned()
                 self.in_flight -= 1
+                self._running.pop(uid, None)
                 if self.in_flight == 0:
                     self._idle_since = clock.now()
                 self._changed.notify_all()
@@ -95,6 +118,20 @@ class Rollouter:
         """A prompt whose group was too stale to train: generate it again."""
         self.ctx.prompts.give_back(row)
         asyncio.get_running_loop().create_task(self._notify())
+
+    async def park(self) -> None:
+        """At a stop (partial rollout): abort every group in flight and keep what it generated
+        in `parked`, so the checkpoint holds the partial responses (tokens, behaviour log-probs,
+        versions) and the resumed run continues them instead of starting over."""
+        self.hold()
+        self._parking = True
+        n = self.ctx.cfg.rollout.n
+        await self.ctx.rollout.abort([f"{uid}/{i}" for uid in self._running for i in range(n)])
+        await self.drain()
+
+    def continue_parked(self, groups: list[Group]) -> None:
+        """Resume: these parked groups (their prompts claimed from the stream) go first."""
+        self._to_continue = list(groups)
 
     def cancel(self) -> None:
         """Stop waiting for the groups in flight (the run is ending; their prompts stay

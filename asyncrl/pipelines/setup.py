@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.config import check_pipeline_keys, config_to_dict, dump_config
 from asyncrl.config_schema import Config
 from asyncrl.data import PromptIterator
+from asyncrl.errors import WorkerDied
 from asyncrl.pipelines.ledger import SampleLedger
 from asyncrl.pipelines.rundir import prepare_run
 from asyncrl.pipelines.stopping import StopControl
@@ -33,27 +34,63 @@ if TYPE_CHECKING:  # the simulator builds contexts without transformers
 class RolloutRouter:
     """Every rollout worker behind one door: each group goes to the least-loaded worker.
 
-    The only router: a worker holds one engine, so a group's responses share its KV cache."""
+    The only router: a worker holds one engine, so a group's responses share its KV cache.
+    A worker that dies (`WorkerDied`) while Ray may restart it (`rollout.max_restarts`) is set
+    aside: its groups are generated again from the start on the others, and it rejoins once the
+    next weight sync has given it the run's weights (`rejoin`)."""
 
-    def __init__(self, workers: Sequence[RolloutSide]) -> None:
+    def __init__(self, workers: Sequence[RolloutSide], max_restarts: int = 0,
+                 log: Callable[[str], None] = print) -> None:
         assert workers, "a run needs at least one rollout worker"
         self.workers = list(workers)
+        self.max_restarts = max_restarts
+        self.log = log
         self._in_flight = [0] * len(self.workers)
         self._owner: dict[str, int] = {}
+        self._restarts = [0] * len(self.workers)
+        self._waiting_for_sync: set[int] = set()
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
-                              score: bool = True) -> Group:
-        i = self._in_flight.index(min(self._in_flight))
-        self._in_flight[i] += 1
-        self._owner[uid] = i
-        try:
-            return await self.workers[i].generate_scored(row, n, uid, mode, score)
-        finally:
-            self._in_flight[i] -= 1
-            self._owner.pop(uid, None)
+                              score: bool = True, partials: Sequence[Trajectory] = ()) -> Group:
+        while True:
+            i = self._pick()
+            restarts_seen = self._restarts[i]
+            self._in_flight[i] += 1
+            self._owner[uid] = i
+            try:
+                return await self.workers[i].generate_scored(row, n, uid, mode, score, partials)
+            except WorkerDied:
+                if not self._restarted(i, restarts_seen):
+                    raise
+            finally:
+                self._in_flight[i] -= 1
+                self._owner.pop(uid, None)
+
+    def _pick(self) -> int:
+        ready = [i for i in range(len(self.workers)) if i not in self._waiting_for_sync]
+        if not ready:
+            raise WorkerDied("every rollout worker died; the run stops")
+        return min(ready, key=lambda i: self._in_flight[i])
+
+    def _restarted(self, i: int, restarts_seen: int) -> bool:
+        """Worker i died: count a restart (once per death, however many groups saw it) and set
+        it aside; False when it may not restart again."""
+        if i in self._waiting_for_sync or self._restarts[i] != restarts_seen:
+            return True  # another group saw this death first
+        if self._restarts[i] >= self.max_restarts:
+            return False
+        self._restarts[i] += 1
+        self._waiting_for_sync.add(i)
+        self.log(f"rollout worker {i} died: restart {self._restarts[i]} of rollout.max_restarts={self.max_restarts}; "
+                 "its groups go to the other workers until the next weight sync")
+        return True
+
+    def rejoin(self) -> None:
+        """After a weight sync every worker has the run's weights: restarted ones take groups again."""
+        self._waiting_for_sync.clear()
 
     async def score(self, groups: list[Group]) -> list[Group]:
-        return await self.workers[0].score(groups)
+        return await self.workers[self._pick()].score(groups)
 
     async def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
         """Abort these requests (`{uid}/{i}`) on the workers running their groups."""
@@ -66,8 +103,8 @@ class RolloutRouter:
         return [t for part in parts for t in part]
 
     async def stats(self) -> dict[str, float]:
-        """Every worker's stats, summed (they are counts and rates)."""
-        total: dict[str, float] = {}
+        """Every worker's stats, summed (they are counts and rates), and the restarts."""
+        total: dict[str, float] = {"rollout/worker_restarts": float(sum(self._restarts))}
         for stats in await asyncio.gather(*(w.stats() for w in self.workers)):
             for key, value in stats.items():
                 total[key] = total.get(key, 0.0) + value
@@ -98,9 +135,8 @@ class RunContext:
     """An update is running: its weights and its prompts do not agree until it ends."""
     resume_from: Path | None = None
     """The checkpoint this run starts from (`trainer.resume_mode`)."""
-    last_checkpoint: Path | None = None
-    """The checkpoint this run resumed from or last wrote: saving its step again is skipped, so
-    the checkpoint a run started from is never rewritten."""
+    resumed_from: Path | None = None
+    """The checkpoint this run started from, once loaded: never rewritten."""
     pipeline_state: Callable[[], dict[str, Any]] | None = None
     """The pipeline's own part of a checkpoint, taken at one instant (see `checkpoint.snapshot`)."""
 
@@ -122,10 +158,11 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = print,
     dump_config(cfg, out / "config.yaml")
     data = substrate.load_data(cfg, log)
     workers = substrate.build_workers(cfg, log)
-    sync = ParameterSynchronizer(workers.trainer, workers.rollouts, workers.transport)
+    router = RolloutRouter(workers.rollouts, cfg.rollout.max_restarts, log)
+    sync = ParameterSynchronizer(workers.trainer, workers.rollouts, workers.transport, on_transfer=router.rejoin)
     prompts = PromptIterator(data.train_rows, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed)
     return RunContext(cfg=cfg, output_dir=out, tokenizer=data.tokenizer, train_rows=data.train_rows,
-                      val_rows=data.val_rows, prompts=prompts, rollout=RolloutRouter(workers.rollouts),
+                      val_rows=data.val_rows, prompts=prompts, rollout=router,
                       trainer=workers.trainer, synchronizer=sync,
                       trace=Trace(max_events=substrate.trace_max_events), ledger=SampleLedger(out / "samples.jsonl"),
                       stop=StopControl(cfg.trainer.stop_timeout_s, log), close=workers.close, log=log,

@@ -46,6 +46,11 @@ class StalenessBudget:
         assert self.can_start(), "started a prompt beyond the staleness budget"
         self.started += 1
 
+    def on_abandoned(self) -> None:
+        """A started prompt ended without a sample (its run is stopping): it will be started
+        again, so its start no longer counts."""
+        self.started = max(self.started - 1, 0)
+
     def on_sync(self, num_stale: int) -> None:
         """A new version: reset the count, remember what is still stale."""
         self.started = 0

@@ -11,6 +11,8 @@ and its per-token versions as runs. `mypy` checks both classes against their pro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +25,7 @@ from asyncrl.config_schema import Config
 from asyncrl.roles import PauseMode, WeightSink
 from asyncrl.scheduling.batching import num_mini_batches
 from asyncrl.sim import costs
-from asyncrl.sim.engine import EngineModel, Finished, GroupSpec, Runs, SimEngine
+from asyncrl.sim.engine import EngineModel, Finished, GroupSpec, Runs, SimEngine, extend_runs
 from asyncrl.sim.profile import Profile
 from asyncrl.sim.workload import Workload
 from asyncrl.sync.tensors import WeightMeta
@@ -52,16 +54,23 @@ class SimRolloutServer:
         return self.engine.model.version
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
-                              score: bool = True) -> Group:
+                              score: bool = True, partials: Sequence[Trajectory] = ()) -> Group:
         self._groups += 1
         spec = GroupSpec(self._groups, len(row.prompt_ids), self.cfg.data.max_response_length,
                          asyncio.get_running_loop().time())
+        lengths = self.workload.response_lengths(row, self.version, n)
+        kept, todo, lengths = _continue_partials(partials, lengths)
         self._in_flight[uid] = spec
         try:
-            finished = await self.engine.generate(spec, self.workload.response_lengths(row, self.version, n))
+            finished = await self.engine.generate(spec, lengths) if lengths else ()
         finally:
             del self._in_flight[uid]
-        group = Group(uid=uid, row=row, trajectories=self._trajectories(finished, spec, uid, row))
+        trajectories = self._trajectories([(*f[:3], todo[f[3]][0], f[4]) for f in finished], spec, uid, row)
+        if partials:  # a stopped run's responses: the finished ones, then the aborted ones continued
+            before = dict(todo)
+            trajectories = kept + [_after(before[_index(t)], t) for t in trajectories]
+            self.partial_continuations += sum(1 for b in before.values() if b is not None)
+        group = Group(uid=uid, row=row, trajectories=trajectories)
         done = group.unaborted()
         if score and done.trajectories:
             await self.score([done])
@@ -122,6 +131,39 @@ class SimRolloutServer:
 
 
 Placeholders = dict[Runs, tuple[RunLength[int], RunLength[float], RunLength[int]]]
+
+
+def _index(t: Trajectory) -> int:
+    return int(t.request_id.rpartition("/")[2])
+
+
+def _continue_partials(partials: Sequence[Trajectory], lengths: list[int]
+                       ) -> tuple[list[Trajectory], list[tuple[int, Trajectory | None]], list[int]]:
+    """Which responses of a group to generate: (finished ones kept as they are, (index, the
+    aborted response it continues or None) per response to generate, their remaining lengths)."""
+    earlier = {_index(t): t for t in partials}
+    kept = [t for t in partials if t.finish_reason != "aborted"]
+    todo = [(i, earlier.get(i)) for i in range(len(lengths)) if i not in earlier or earlier[i] not in kept]
+    left = [max(lengths[i] - (len(before.response_ids) if before is not None else 0), 1) for i, before in todo]
+    return kept, todo, left
+
+
+def _after(before: Trajectory | None, rest: Trajectory) -> Trajectory:
+    """`rest` continuing `before` (a response aborted by a stopped run): one response whose
+    version runs are both parts'."""
+    if before is None:
+        return rest
+    runs = _runs(before.versions)
+    for version, count in _runs(rest.versions):
+        runs = extend_runs(runs, version, count)
+    ids, logprobs, versions = _placeholders(runs)
+    return dataclasses.replace(rest, response_ids=ids, logprobs=logprobs, versions=versions)
+
+
+def _runs(versions: Sequence[int]) -> Runs:
+    if isinstance(versions, RunLength):
+        return versions.runs
+    return tuple((v, len(list(g))) for v, g in itertools.groupby(versions))
 
 
 def _placeholders(runs: tuple[tuple[int, int], ...]) -> tuple[RunLength[int], RunLength[float], RunLength[int]]:

@@ -41,10 +41,11 @@ class RaySubstrate:
         return load_real_data(cfg, log)[2]
 
     def spawn(self, name: str, factory: Callable[[], W], pool: ResourcePool, *, cpus: float,
-              threads: int, gpus: float = 0) -> W:
-        """`factory()` built inside a new actor on `pool`, seen as the worker it builds."""
+              threads: int, gpus: float = 0, max_restarts: int = 0) -> W:
+        """`factory()` built inside a new actor on `pool`, seen as the worker it builds; Ray
+        rebuilds it (up to `max_restarts` times) if its process dies."""
         handle = RayHandle(name, factory, num_cpus=cpus, num_gpus=gpus, num_threads=threads,
-                           placement=pool.allocate(cpus, gpus))
+                           placement=pool.allocate(cpus, gpus), max_restarts=max_restarts)
         self.handles.append(handle)
         return cast(W, Proxy(handle))
 
@@ -61,7 +62,7 @@ class RaySubstrate:
             rollout_threads, trainer_threads = max(1, rollout_cores // engines), trainer_cores
         rollouts: list[RolloutSide] = [
             self.spawn(f"rollout worker {i}", functools.partial(build_rollout_server, cfg, i), rollout_pool,
-                       cpus=rollout_cpus, threads=rollout_threads, gpus=gpu)
+                       cpus=rollout_cpus, threads=rollout_threads, gpus=gpu, max_restarts=cfg.rollout.max_restarts)
             for i in range(engines)]
         trainer: TrainerSide = self.spawn("trainer", functools.partial(build_trainer_side, cfg), trainer_pool,
                                           cpus=trainer_cpus, threads=trainer_threads, gpus=gpu)

@@ -21,7 +21,7 @@ sync (the pipelines and `scheduling/`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from asyncrl.errors import SyncError
 from asyncrl.roles import PauseMode, WeightSink, WeightSource
@@ -34,7 +34,7 @@ class ParameterSynchronizer:
     """Weight sync from one trainer to a list of rollout workers over one transport."""
 
     def __init__(self, trainer: WeightSource, rollouts: Sequence[WeightSink], transport: Transport,
-                 *, verify: bool = False, version: int = 0) -> None:
+                 *, verify: bool = False, version: int = 0, on_transfer: Callable[[], None] | None = None) -> None:
         assert rollouts, "weight sync needs at least one rollout worker"
         self.trainer = trainer
         self.rollouts = list(rollouts)
@@ -47,6 +47,8 @@ class ParameterSynchronizer:
         """Transfers done (syncs and pushes): a resumed run pushes once, then one per sync."""
         self.meta: list[WeightMeta] | None = None
         self.nbytes = 0
+        self.on_transfer = on_transfer
+        """Called after each transfer: every rollout worker then holds `version`'s weights."""
 
     async def setup(self) -> None:
         """Once: the trainer's (name, shape, dtype) list, then the transport (e.g. its group)."""
@@ -81,6 +83,8 @@ class ParameterSynchronizer:
         self.version = version
         self.behind = False
         self.transfers += 1
+        if self.on_transfer is not None:
+            self.on_transfer()
         return self._metrics(marks, version)
 
     async def close(self) -> None:

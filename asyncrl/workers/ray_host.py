@@ -120,12 +120,12 @@ class RayHandle:
 
     def __init__(self, name: str, factory: Callable[..., Any], *args: Any, num_cpus: float = 1,
                  num_gpus: float = 0, placement: Placement | None = None, num_threads: int | None = None,
-                 **kwargs: Any) -> None:
+                 max_restarts: int = 0, **kwargs: Any) -> None:
         threads = num_threads or int(num_cpus)
         assert threads >= 1, "a host runs at least one torch thread"
         self.name = name
         options: dict[str, Any] = dict(num_cpus=num_cpus, num_gpus=num_gpus,
-                                       max_concurrency=MAX_CONCURRENCY, max_restarts=0)
+                                       max_concurrency=MAX_CONCURRENCY, max_restarts=max_restarts)
         if placement is not None:
             pg, bundle = placement
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(

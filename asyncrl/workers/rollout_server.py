@@ -40,9 +40,12 @@ class RolloutServer:
         self.partial_continuations = 0
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
-                              score: bool = True) -> Group:
-        """The group of n responses to `row`, scored as soon as the last one finishes."""
-        trajectories = await asyncio.gather(*(self._timed_sample(r) for r in self.requests.group(row, n, uid, mode)))
+                              score: bool = True, partials: Sequence[Trajectory] = ()) -> Group:
+        """The group of n responses to `row`, scored as soon as the last one finishes; responses
+        of a stopped run (`partials`) are kept if finished, else continued."""
+        earlier = {t.request_id: t for t in partials}
+        trajectories = await asyncio.gather(*(self._resume_or_sample(r, earlier.get(r.request_id))
+                                              for r in self.requests.group(row, n, uid, mode)))
         group = Group(uid=uid, row=row, trajectories=list(trajectories))
         for t in group.trajectories:
             if t.finish_reason == "aborted":
@@ -67,6 +70,14 @@ class RolloutServer:
         self._interrupted.difference_update(ids)
         parked = [self._parked.pop(i) for i in ids if i in self._parked]
         return parked + await self.engine.abort(ids)
+
+    async def _resume_or_sample(self, request: GenerationRequest, earlier: Trajectory | None) -> Trajectory:
+        if earlier is None:
+            return await self._timed_sample(request)
+        if earlier.finish_reason != "aborted":
+            return earlier
+        self.partial_continuations += 1
+        return await self._timed_sample(continuation(request, earlier))
 
     async def _timed_sample(self, request: GenerationRequest) -> Trajectory:
         start = clock.now()

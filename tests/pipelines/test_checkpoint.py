@@ -33,7 +33,7 @@ class ScriptedTrainer:
 
     def __init__(self) -> None:
         self.saves = 0
-        self.fail_with: OSError | None = None
+        self.fail_with: Exception | None = None
 
     async def save(self, path: Path) -> None:
         (path / "actor").mkdir(parents=True)
@@ -46,7 +46,7 @@ class ScriptedTrainer:
 def fake_ctx(out: Path, keep: int = 0) -> SimpleNamespace:
     prompts = PromptIterator(make_task("arithmetic", 10), 2, seed=0)
     cfg = load_config(None, [f"trainer.max_ckpt_to_keep={keep}"])
-    return SimpleNamespace(output_dir=out, last_checkpoint=None, trainer=ScriptedTrainer(), tokenizer=None, cfg=cfg,
+    return SimpleNamespace(output_dir=out, resumed_from=None, trainer=ScriptedTrainer(), tokenizer=None, cfg=cfg,
                            synchronizer=SimpleNamespace(version=0, behind=False), step=0, prompts=prompts,
                            pipeline_state=lambda: {"queue": ["a group"]})
 
@@ -79,6 +79,15 @@ def test_a_full_disk_keeps_the_last_complete_checkpoint(tmp_path):
         "global_step_2", "latest_checkpointed_iteration.txt"]
 
 
+def test_a_full_disk_inside_a_library_writer_is_a_checkpoint_error(tmp_path):
+    ctx = fake_ctx(tmp_path)
+    good = save_at(ctx, 2)
+    ctx.trainer.fail_with = RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos")  # torch.save
+    with pytest.raises(CheckpointError, match="step 4.*RuntimeError.*unexpected pos.*MB free.*global_step_2"):
+        save_at(ctx, 4)
+    assert latest_checkpoint(tmp_path) == good and not list((tmp_path / "checkpoints").glob(".*"))
+
+
 def test_a_save_cut_short_is_never_taken_for_a_checkpoint(tmp_path):
     ctx = fake_ctx(tmp_path)
     good = save_at(ctx, 2)
@@ -102,9 +111,9 @@ def test_retention_deletes_old_checkpoints_only_after_a_newer_one_is_complete(tm
 def test_the_checkpoint_a_run_resumed_from_is_never_rewritten(tmp_path):
     ctx = fake_ctx(tmp_path)
     first = save_at(ctx, 5)
-    assert save_at(ctx, 5) == first and ctx.trainer.saves == 1  # written by this run
+    assert save_at(ctx, 5) == first and ctx.trainer.saves == 2  # this run's own: rewritten (e.g. at a stop)
     resumed = fake_ctx(tmp_path)
-    resumed.last_checkpoint = first
+    resumed.resumed_from = first
     assert save_at(resumed, 5) == first and resumed.trainer.saves == 0
 
 

@@ -180,14 +180,20 @@ def test_fully_async_stopped_with_a_full_queue_trains_each_prompt_once(tiny_cach
     assert_each_prompt_once(tmp_path, 24)
 
 
-@pytest.mark.parametrize(("where", "at", "crash"), [("generation", 14, False), ("update", 5, True)])
+@pytest.mark.parametrize(("where", "at", "crash"),
+                         [("generation", 14, False), ("generation", 14, True), ("update", 5, True)])
 def test_fully_async_stopped_mid_generation_or_crashed_trains_each_prompt_once(tiny_cache, tmp_path, where, at,
                                                                                crash):
-    overrides = [*FULLY_ASYNC, *MODES["d_partial"]]
+    overrides = [*FULLY_ASYNC, *MODES["d_partial"], "data.max_response_length=48", "rollout.ignore_eos=true"]
     interrupt(tmp_path, overrides, where, at, crash=crash)
-    assert latest_checkpoint(tmp_path) is not None
-    run_pipeline(tmp_path, *overrides)
+    state = load_checkpoint_state(latest_checkpoint(tmp_path))
+    parked = state["pipeline"].get("parked", [])
+    if where == "generation" and not crash:  # a stop with partial rollout keeps the partial responses
+        assert parked and any(t.finish_reason == "aborted" for g in parked for t in g.trajectories)
+    rows = run_pipeline(tmp_path, *overrides)
     assert_each_prompt_once(tmp_path, 24)
+    if parked:
+        assert max(r.get("fully_async/partial/continuations", 0) for r in rows) > 0
 
 
 def test_fully_async_on_ray_stopped_with_a_full_queue_trains_each_prompt_once(tiny_cache, ray_cluster, tmp_path):
@@ -228,3 +234,13 @@ def test_a_killed_ray_worker_is_named_and_loses_no_prompt(tiny_cache, ray_cluste
     assert saved == (2 if role == "trainer" else ctx.step)  # a dead trainer saves nothing: save_freq=2 did
     run_pipeline(tmp_path, *overrides)
     assert_each_prompt_once(tmp_path, 24)
+
+
+def test_a_killed_rollout_worker_restarts_and_the_run_goes_on(tiny_cache, ray_cluster, tmp_path):
+    overrides = [*FULLY_ASYNC, *MODES["c_stale"], "backend=ray", "rollout.num_engines=2", "rollout.max_restarts=1"]
+    ctx = make_context(tmp_path, *overrides)
+    kill_worker_at(ctx, "generation", 10, ctx.rollout.workers[0])
+    asyncio.run(pipeline_module(ctx.cfg.pipeline).run(ctx))
+    assert_each_prompt_once(tmp_path, 24)
+    last = read_jsonl(tmp_path / "metrics.jsonl")[-1]
+    assert last["rollout/worker_restarts"] == 1 and last["training/global_step"] == 6

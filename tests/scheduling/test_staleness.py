@@ -40,3 +40,15 @@ def test_lag_cap():
     b = StalenessBudget(1, 1, 1.0, max_version_lag=1)
     assert b.admissible(3, 4) and not b.admissible(2, 4)
     assert StalenessBudget(1, 1, 1.0).admissible(0, 100)
+
+
+def test_an_abandoned_start_is_given_back():
+    b = StalenessBudget(prompts_per_update=2, updates_per_sync=1, staleness_threshold=0.0)
+    b.on_start()
+    b.on_start()
+    assert not b.can_start()
+    b.on_abandoned()  # the run stopped while it was generating: it is started again later
+    assert b.remaining == 1
+    b.on_sync(num_stale=0)
+    b.on_abandoned()
+    assert b.started == 0 and b.remaining == 2

@@ -103,3 +103,25 @@ def test_abort_while_interrupted_for_a_sync_is_never_continued():
     assert first.finish_reason == "aborted" and first.response_ids == partials[0].response_ids
     assert second.finish_reason == "length" and len(second.response_ids) == 40
     assert srv.partial_continuations == 1  # only g/1 continued
+
+
+def test_a_stopped_runs_partial_responses_continue_in_a_new_server():
+    model = tiny_lm()
+    plain = asyncio.run(server(model).generate_scored(ROW, 4, "g"))
+
+    async def stopped() -> list:
+        srv = server(model)
+        task = asyncio.create_task(srv.generate_scored(ROW, 4, "g"))
+        await wait_for_tokens(srv, 20)
+        await srv.abort(["g/1", "g/3"])
+        return (await task).trajectories
+
+    partials = asyncio.run(stopped())  # what a checkpoint holds: g/0, g/2 finished; g/1, g/3 cut short
+    resumed = server(model)  # a new process, same weights
+    group = asyncio.run(resumed.generate_scored(ROW, 4, "g", partials=partials))
+    assert resumed.partial_continuations == 2
+    for t, before, ref in zip(group.trajectories, partials, plain.trajectories):
+        assert t.response_ids == ref.response_ids and t.finish_reason == "length" and t.reward == 1.0
+        assert list(t.response_ids[: len(before.response_ids)]) == list(before.response_ids)
+        torch.testing.assert_close(torch.tensor(t.logprobs), torch.tensor(ref.logprobs), rtol=1e-5, atol=1e-5)
+    assert group.trajectories[0] is partials[0]  # a finished response is kept, not generated again

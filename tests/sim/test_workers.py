@@ -1,0 +1,43 @@
+"""The simulator's rollout server continues a stopped run's partial responses as the real one
+does: finished ones kept, aborted ones generated for their remaining length, versions joined."""
+
+from __future__ import annotations
+
+import asyncio
+
+from asyncrl.config import load_config
+from asyncrl.sim.loop import run_virtual
+from asyncrl.sim.profile import load_profile
+from asyncrl.sim.workers import SimRolloutServer
+from asyncrl.sim.workload import Workload
+from asyncrl.types import PromptRow
+
+ROW = PromptRow(uid="p", data_source="arithmetic", messages=(), ground_truth="1", prompt_ids=(1,) * 100)
+
+
+def test_partial_responses_of_a_stopped_run_continue():
+    cfg = load_config(None, ["rollout.n=4", "sim.length_median=400", "data.max_response_length=4096"])
+
+    async def main():
+        stopped = SimRolloutServer(cfg, load_profile("h20-qwen2.5-7b"), 1, Workload(cfg, 0))
+        task = asyncio.create_task(stopped.generate_scored(ROW, 4, "g"))
+        await asyncio.sleep(1.0)
+        await stopped.abort(["g/1", "g/3"])
+        partials = (await task).trajectories
+        resumed = SimRolloutServer(cfg, load_profile("h20-qwen2.5-7b"), 1, Workload(cfg, 0))
+        resumed.engine.set_version(3)  # the checkpoint's weights
+        return resumed, partials, await resumed.generate_scored(ROW, 4, "g", partials=partials)
+
+    (resumed, partials, group), _ = run_virtual(main())
+    aborted = {t.request_id: t for t in partials if t.finish_reason == "aborted"}
+    assert sorted(aborted) == ["g/1", "g/3"] and resumed.partial_continuations == 2
+    by_id = {t.request_id: t for t in group.trajectories}
+    assert sorted(by_id) == ["g/0", "g/1", "g/2", "g/3"]
+    for rid, before in aborted.items():
+        after = by_id[rid]
+        assert after.finish_reason != "aborted" and len(after.response_ids) > len(before.response_ids) > 0
+        assert after.versions[0] == 0 and after.versions[-1] == 3 and after.num_segments == 2
+        assert len(after.logprobs) == len(after.versions) == len(after.response_ids)
+    for t in partials:
+        if t.finish_reason != "aborted":
+            assert by_id[t.request_id] is t
