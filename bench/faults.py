@@ -182,7 +182,7 @@ def resume(out: Path, pipeline: str, state: dict[str, Any], extra: list[str]) ->
     overrides = [*PIPELINES[pipeline], *extra]
     total = TOTAL * 8
     if pipeline == "fully_async":
-        total = state["pipeline"]["trained"] + 16
+        total = state["trained"] + 16
         overrides.append(f"rollout.total_rollout_steps={total}")
     run = Train(out, overrides, after=state["step"])
     run.finish()

@@ -58,7 +58,7 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 def snapshot(ctx: RunContext) -> dict[str, Any]:
     """The run state at this instant (no await): what the next checkpoint will hold."""
     sync = ctx.synchronizer
-    return {"step": ctx.step, "version": sync.version, "behind": sync.behind,
+    return {"step": ctx.step, "trained": ctx.trained, "version": sync.version, "behind": sync.behind,
             "prompts": ctx.prompts.state_dict(),
             "pipeline": ctx.pipeline_state() if ctx.pipeline_state is not None else {}}
 
@@ -135,7 +135,7 @@ async def load_checkpoint(ctx: RunContext, path: Path) -> dict[str, Any]:
     state = load_checkpoint_state(path)
     await ctx.trainer.load(path)
     ctx.prompts.load_state_dict(state["prompts"])
-    ctx.step = state["step"]
+    ctx.step, ctx.trained = state["step"], state["trained"]
     removed = ctx.ledger.rollback(ctx.step)
     if removed:
         ctx.log(f"samples.jsonl: dropped {removed} groups trained after {path.name} (they are trained again)")

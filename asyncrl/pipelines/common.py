@@ -98,6 +98,7 @@ def _record(ctx: RunContext, groups: Sequence[Group], step: int, consumed: Seque
     ctx.training = False
     ctx.synchronizer.behind |= bool(groups)
     ctx.step = step
+    ctx.trained += len(groups)
     ctx.prompts.done([*(g.row for g in groups), *consumed])
     ctx.ledger.record(groups, step, ctx.synchronizer.version)
 

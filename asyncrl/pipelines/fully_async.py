@@ -43,8 +43,12 @@ class AsyncTrainer:
         self.ctx, self.queue, self.rollouter, self.budget = ctx, queue, rollouter, budget
         self.R, self.T = budget.prompts_per_update, budget.updates_per_sync
         self.total_prompts = total_prompts
-        self.trained = 0
         self.dropped = 0
+
+    @property
+    def trained(self) -> int:
+        """Prompts trained in the run: counted with their update (`pipelines.common.train`)."""
+        return self.ctx.trained
 
     @property
     def total_updates(self) -> int:
@@ -65,7 +69,6 @@ class AsyncTrainer:
                     break
                 with timer("train", metrics):
                     metrics |= await train(self.ctx, groups, step)
-                self.trained += len(groups)
                 metrics |= staleness_metrics(groups, self.version)
                 if step % self.T == 0 or self.trained >= self.total_prompts:
                     metrics |= await self.sync()
@@ -78,7 +81,7 @@ class AsyncTrainer:
         """The pipeline's part of a checkpoint (the policy version is the synchronizer's, the
         prompts in flight are the prompt stream's): counts, the staleness budget, the queue."""
         r = self.rollouter
-        return {"trained": self.trained, "dropped": self.dropped, "started": r.started, "launches": r.launches,
+        return {"dropped": self.dropped, "started": r.started, "launches": r.launches,
                 "in_flight": r.in_flight, "budget_started": self.budget.started, "num_stale": self.budget.num_stale,
                 "queue": self.queue.items, "parked": r.parked}
 
@@ -88,7 +91,7 @@ class AsyncTrainer:
         flight then are started again. Restarted groups count against the budget anew."""
         if not state:
             return
-        self.trained, self.dropped = state["trained"], state["dropped"]
+        self.dropped = state["dropped"]
         self.rollouter.started, self.rollouter.launches = state["started"], state["launches"]
         self.budget.started = max(state["budget_started"] - state["in_flight"], 0)  # those start again
         self.budget.num_stale = state["num_stale"]

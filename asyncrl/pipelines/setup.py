@@ -131,6 +131,8 @@ class RunContext:
     total_steps: int = 0
     step: int = 0
     """Policy updates finished (and recorded in the prompt stream and the ledger)."""
+    trained: int = 0
+    """Groups trained by those updates."""
     training: bool = False
     """An update is running: its weights and its prompts do not agree until it ends."""
     resume_from: Path | None = None

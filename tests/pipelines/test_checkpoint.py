@@ -47,7 +47,7 @@ def fake_ctx(out: Path, keep: int = 0) -> SimpleNamespace:
     prompts = PromptIterator(make_task("arithmetic", 10), 2, seed=0)
     cfg = load_config(None, [f"trainer.max_ckpt_to_keep={keep}"])
     return SimpleNamespace(output_dir=out, resumed_from=None, trainer=ScriptedTrainer(), tokenizer=None, cfg=cfg,
-                           synchronizer=SimpleNamespace(version=0, behind=False), step=0, prompts=prompts,
+                           synchronizer=SimpleNamespace(version=0, behind=False), step=0, trained=0, prompts=prompts,
                            pipeline_state=lambda: {"queue": ["a group"]})
 
 

@@ -53,7 +53,7 @@ def steps_logged(out: Path) -> int:
 
 def finish_and_check(out: Path) -> None:
     """Resume (trained so far + 16 prompts) and check that each prompt was trained once."""
-    trained = load_checkpoint_state(latest_checkpoint(out))["pipeline"]["trained"]
+    trained = load_checkpoint_state(latest_checkpoint(out))["trained"]
     run_pipeline(out, *RUN, f"rollout.total_rollout_steps={trained + 16}")
     prompts = Counter(s["prompt"] for s in read_jsonl(out / "samples.jsonl"))
     assert sum(prompts.values()) == trained + 16 and max(prompts.values()) == 1
@@ -69,7 +69,7 @@ def test_sigterm_checkpoints_the_last_update_and_exits_143(tiny_cache, tmp_path)
     assert proc.returncode == 143, err[-2000:]
     assert "stopped by SIGTERM" in err and "Traceback" not in err
     state = load_checkpoint_state(latest_checkpoint(out))
-    assert state["step"] >= 3 and len(read_jsonl(out / "samples.jsonl")) == state["pipeline"]["trained"]
+    assert state["step"] >= 3 and len(read_jsonl(out / "samples.jsonl")) == state["trained"]
     finish_and_check(out)
 
 
