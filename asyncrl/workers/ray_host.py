@@ -23,6 +23,7 @@ import asyncio
 import functools
 import inspect
 import os
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -112,6 +113,10 @@ def _remote_host() -> Any:
     return ray.remote(_Host)
 
 
+RESTART_WAIT_S = 300.0
+"""How long a call waits for a restarting actor (a process start and a model load)."""
+
+
 class RayHandle:
     """A worker object living in a Ray actor, called by method name (`Proxy` wraps it).
 
@@ -134,7 +139,17 @@ class RayHandle:
         self._closed = False
 
     async def call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
-        return await _await(self.actor.call.remote(method, *args, **kwargs), self.name)
+        """`method` on the worker. While Ray restarts the actor (`max_restarts`), a call waits for
+        it and is sent again, except a group's generation: the router moves that to another worker."""
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while True:
+            try:
+                return await _await(self.actor.call.remote(method, *args, **kwargs), self.name)
+            except WorkerDied as exc:
+                restarting = isinstance(exc.__cause__, ray.exceptions.ActorUnavailableError)
+                if not restarting or method == "generate_scored" or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.5)
 
     def call_ref(self, method: str, /, *args: Any, **kwargs: Any) -> ray.ObjectRef:
         """Start the call and return its ObjectRef unfetched (pass it to another actor's call)."""
