@@ -181,10 +181,11 @@ def test_fully_async_stopped_with_a_full_queue_trains_each_prompt_once(tiny_cach
 
 
 @pytest.mark.parametrize(("where", "at", "crash"),
-                         [("generation", 14, False), ("generation", 14, True), ("update", 5, True)])
+                         [("generation", 14, False), ("generation", 20, True), ("update", 5, True)])
 def test_fully_async_stopped_mid_generation_or_crashed_trains_each_prompt_once(tiny_cache, tmp_path, where, at,
                                                                                crash):
     overrides = [*FULLY_ASYNC, *MODES["d_partial"], "data.max_response_length=48", "rollout.ignore_eos=true"]
+    # the budget starts at most 8 prompts per policy version: launch 14 (20) comes after update 1 (2)
     interrupt(tmp_path, overrides, where, at, crash=crash)
     state = load_checkpoint_state(latest_checkpoint(tmp_path))
     parked = state["pipeline"].get("parked", [])
