@@ -106,7 +106,11 @@ class AsyncTrainer:
         groups: list[Group] = []
         with timer("wait_samples", metrics), self.ctx.trace.span("wait_samples", "trainer"):
             while len(groups) < want:
-                group = await self.ctx.stop.race(self.queue.get())
+                try:
+                    group = await self.ctx.stop.race(self.queue.get())
+                except Stopped:
+                    self.queue.put_back(groups)  # not trained: the checkpoint keeps them queued
+                    raise
                 if self.budget.admissible(group.min_version, self.version):
                     groups.append(group)
                 else:

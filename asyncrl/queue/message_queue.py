@@ -54,6 +54,10 @@ class MessageQueue:
         """The queued groups, oldest first (a checkpoint saves them)."""
         return list(self._items)
 
+    def put_back(self, groups: list[Group]) -> None:
+        """Return groups taken but not trained (a stop) to the front, in their order."""
+        self._items.extendleft(reversed(groups))
+
     def restore(self, groups: list[Group]) -> None:
         """Queue groups saved by a checkpoint (before anything is put or got)."""
         assert not self._items, "restore into an empty queue"

@@ -28,3 +28,15 @@ def test_fifo_and_bounded():
         assert q.put_wait_s > 0.005 and q.max_size == 2 and q.total_put == 3
 
     asyncio.run(main())
+
+
+def test_groups_put_back_come_out_first_in_their_order():
+    async def main():
+        q = MessageQueue(capacity=4)
+        for i in range(3):
+            await q.put(group(i))
+        taken = [await q.get(), await q.get()]
+        q.put_back(taken)  # a stop: taken, not trained
+        assert [g.uid for g in q.items] == ["0", "1", "2"]
+
+    asyncio.run(main())
