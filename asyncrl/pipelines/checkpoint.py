@@ -68,7 +68,7 @@ async def save_checkpoint(ctx: RunContext, state: dict[str, Any] | None = None) 
     state = state if state is not None else snapshot(ctx)
     root = checkpoint_root(ctx.output_dir)
     final = root / f"global_step_{state['step']}"
-    if ctx.resumed_from == final:
+    if ctx.resume_from == final:
         return final  # nothing trained since the run resumed from it
     tmp = root / f".{final.name}.partial"
     try:

@@ -28,7 +28,6 @@ async def start(ctx: RunContext, total_steps: int | None = None) -> tuple[int, d
     state: dict[str, Any] = {"step": 0, "pipeline": {}}
     if ctx.resume_from is not None:
         state = await load_checkpoint(ctx, ctx.resume_from)
-        ctx.resumed_from = ctx.resume_from
         await ctx.synchronizer.push(state["version"] + int(state["behind"]))
         ctx.log(f"resumed from {ctx.resume_from} (step {state['step']}, policy version {ctx.synchronizer.version}, "
                 f"{len(ctx.prompts.outstanding)} prompts handed out and not trained to generate again)")

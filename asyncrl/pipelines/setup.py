@@ -136,9 +136,7 @@ class RunContext:
     training: bool = False
     """An update is running: its weights and its prompts do not agree until it ends."""
     resume_from: Path | None = None
-    """The checkpoint this run starts from (`trainer.resume_mode`)."""
-    resumed_from: Path | None = None
-    """The checkpoint this run started from, once loaded: never rewritten."""
+    """The checkpoint this run starts from (`trainer.resume_mode`): never rewritten."""
     pipeline_state: Callable[[], dict[str, Any]] | None = None
     """The pipeline's own part of a checkpoint, taken at one instant (see `checkpoint.snapshot`)."""
 

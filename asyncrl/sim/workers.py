@@ -143,7 +143,8 @@ def _continue_partials(partials: Sequence[Trajectory], lengths: list[int]
     aborted response it continues or None) per response to generate, their remaining lengths)."""
     earlier = {_index(t): t for t in partials}
     kept = [t for t in partials if t.finish_reason != "aborted"]
-    todo = [(i, earlier.get(i)) for i in range(len(lengths)) if i not in earlier or earlier[i] not in kept]
+    todo = [(i, earlier.get(i)) for i in range(len(lengths))
+            if i not in earlier or earlier[i].finish_reason == "aborted"]
     left = [max(lengths[i] - (len(before.response_ids) if before is not None else 0), 1) for i, before in todo]
     return kept, todo, left
 

@@ -1,7 +1,8 @@
 """The reward worker: decode each response, score it in the reward process pool, stop loudly.
 
-Reward functions are resolved for every data source at start-up (`check`), and their signature
-checked, so a config mistake fails before any generation. Each call then runs in a worker process
+Reward functions are resolved and their signature checked before the run starts
+(`asyncrl.preflight`; `check` does the same for given rows), so a config mistake fails before
+any generation. Each call then runs in a worker process
 (`asyncrl.rewards.pool`) with a deadline: a raising, hanging, crashing or nonsense-returning
 function scores 0 with a status and a counter, never a crashed step. But a run whose rewards mostly
 fail learns nothing, so once more than `reward.max_failure_ratio` of the last `window` scored

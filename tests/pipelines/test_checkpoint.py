@@ -46,7 +46,7 @@ class ScriptedTrainer:
 def fake_ctx(out: Path, keep: int = 0) -> SimpleNamespace:
     prompts = PromptIterator(make_task("arithmetic", 10), 2, seed=0)
     cfg = load_config(None, [f"trainer.max_ckpt_to_keep={keep}"])
-    return SimpleNamespace(output_dir=out, resumed_from=None, trainer=ScriptedTrainer(), tokenizer=None, cfg=cfg,
+    return SimpleNamespace(output_dir=out, resume_from=None, trainer=ScriptedTrainer(), tokenizer=None, cfg=cfg,
                            synchronizer=SimpleNamespace(version=0, behind=False), step=0, trained=0, prompts=prompts,
                            pipeline_state=lambda: {"queue": ["a group"]})
 
@@ -113,7 +113,7 @@ def test_the_checkpoint_a_run_resumed_from_is_never_rewritten(tmp_path):
     first = save_at(ctx, 5)
     assert save_at(ctx, 5) == first and ctx.trainer.saves == 2  # this run's own: rewritten (e.g. at a stop)
     resumed = fake_ctx(tmp_path)
-    resumed.resumed_from = first
+    resumed.resume_from = first
     assert save_at(resumed, 5) == first and resumed.trainer.saves == 0
 
 
