@@ -266,7 +266,9 @@ VALUE_RULES: dict[str, tuple[str, ...]] = {
              "actor.ppo_epochs", "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_tokens", "critic.ppo_epochs",
              "algorithm.kl_ctrl.horizon", "reward.num_workers", "trainer.total_training_steps", "trainer.nnodes",
              "trainer.num_cpus", "async_training.require_batches", "async_training.trigger_parameter_sync_step",
-             "sim.prompt_length"),
+             "sim.prompt_length", "sandbox.memory_mb", "sandbox.tmp_mb", "sandbox.max_output_kb",
+             "sandbox.max_processes", "tp_planner.calm_steps", "tp_planner.max_tp",
+             "tail_batching.prompt_speculation", "tail_batching.response_speculation"),
     ">= 0": ("num_threads", "data.val_size", "rollout.n_gpus_per_node", "rollout.total_rollout_steps",
              "rollout.test_freq", "rollout.max_restarts",
              "actor.warmup_steps", "actor.weight_decay", "actor.clip_ratio_low",
@@ -275,11 +277,13 @@ VALUE_RULES: dict[str, tuple[str, ...]] = {
              "trainer.max_ckpt_to_keep", "trainer.n_gpus_per_node", "async_training.staleness_threshold",
              "sim.length_sigma", "sim.trace_max_events"),
     "> 0": ("actor.lr", "actor.grad_clip", "actor.is_cap", "critic.lr", "critic.grad_clip", "critic.cliprange_value",
-            "algorithm.kl_ctrl.target_kl", "reward.timeout_s", "trainer.stop_timeout_s", "sim.length_median"),
-    "> 1": ("actor.clip_ratio_c",),
+            "algorithm.kl_ctrl.target_kl", "reward.timeout_s", "trainer.stop_timeout_s", "sim.length_median",
+            "reward_scheduler.timeout_lambda", "reward_scheduler.min_timeout_s", "reward_scheduler.max_timeout_s"),
+    "> 1": ("actor.clip_ratio_c", "tp_planner.growth"),
     "to -1 (off) or > 0": ("rollout.top_k",),
     "to -1 (off) or >= 0": ("async_training.max_version_lag",),
-    "in (0, 1]": ("rollout.top_p", "reward.max_failure_ratio"),
+    "in (0, 1]": ("rollout.top_p", "reward.max_failure_ratio", "stream_trainer.min_done",
+                  "stream_trainer.max_done", "stream_trainer.check_every"),
     "in [0, 1]": ("algorithm.gamma", "algorithm.lam", "sim.accuracy"),
     "in [0, 1)": ("actor.betas",),
     "in (0, 10]": ("rollout.temperature",),
@@ -347,6 +351,7 @@ def validate(cfg: Config) -> None:
     _choice(cfg.rollout.engine, ENGINES, "rollout.engine")
     _choice(cfg.model.dtype, ("float32", "bfloat16"), "model.dtype")
     _choice(cfg.trainer.device, ("cpu", "cuda"), "trainer.device")
+    _choice(cfg.sandbox.backend, ("auto", "bwrap", "rlimit", "http"), "sandbox.backend")
     if not cfg.data.train_files:
         _choice(cfg.data.task, TASKS, "data.task")
     for name in cfg.trainer.logger:
@@ -356,6 +361,37 @@ def validate(cfg: Config) -> None:
     _batch_rules(cfg)
     _async_rules(cfg)
     _restart_rules(cfg)
+    _long_tail_rules(cfg)
+
+
+def _long_tail_rules(cfg: Config) -> None:
+    """The long-tail remedies are for synchronous, on-policy training (SPEC §4)."""
+    if cfg.tail_batching.enable and cfg.pipeline not in ("colocated", "one_step_off"):
+        raise ConfigError(f"tail_batching.enable runs with pipeline=colocated or one_step_off, not {cfg.pipeline}; "
+                          "set tail_batching.enable=false")
+    if cfg.tail_batching.enable and cfg.algorithm.filter_groups.enable:
+        raise ConfigError("tail_batching.enable and algorithm.filter_groups.enable both choose which groups a step "
+                          "trains: set one of them to false")
+    s = cfg.stream_trainer
+    if s.enable and cfg.pipeline != "colocated":
+        raise ConfigError(f"stream_trainer.enable runs with pipeline=colocated, not {cfg.pipeline}; "
+                          "set stream_trainer.enable=false")
+    a = cfg.actor
+    if s.enable and (a.ppo_epochs != 1 or a.ppo_mini_batch_size != cfg.data.train_batch_size):
+        raise ConfigError("stream_trainer.enable makes one optimizer step per batch: set actor.ppo_epochs=1 and "
+                          f"actor.ppo_mini_batch_size=data.train_batch_size={cfg.data.train_batch_size}")
+    if s.enable and cfg.algorithm.adv_estimator in ("gae", "remax"):
+        raise ConfigError(f"stream_trainer.enable trains each group as it finishes, which "
+                          f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} cannot (it needs a critic pass or "
+                          "an extra generation): use grpo, rloo, opo, ...")
+    if s.enable and not s.min_done <= s.max_done:
+        raise ConfigError(f"stream_trainer.min_done={s.min_done:g} must be <= stream_trainer.max_done={s.max_done:g}")
+    r = cfg.reward_scheduler
+    if r.min_timeout_s > r.max_timeout_s:
+        raise ConfigError(f"reward_scheduler.min_timeout_s={r.min_timeout_s:g} must be <= "
+                          f"reward_scheduler.max_timeout_s={r.max_timeout_s:g}")
+    if cfg.sandbox.backend == "http" and not cfg.sandbox.url:
+        raise ConfigError("sandbox.backend=http needs sandbox.url (SandboxFusion's run_code endpoint)")
 
 
 def _batch_rules(cfg: Config) -> None:

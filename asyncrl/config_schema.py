@@ -248,6 +248,68 @@ class AsyncTrainingConfig:
 
 
 @dataclass(frozen=True)
+class TailBatchingConfig:
+    enable: bool = False
+    """Tail batching (RollPacker): short rounds speculate, keep the first finishers and queue the longest prompts for a long round (colocated, one_step_off)."""
+    prompt_speculation: float = 1.25
+    """Short rounds launch ceil(this x data.train_batch_size) prompts; the first train_batch_size to finish are trained, the rest queued."""
+    response_speculation: float = 1.25
+    """Short rounds sample ceil(this x rollout.n) responses per prompt; the first rollout.n to finish are kept, the rest aborted."""
+
+
+@dataclass(frozen=True)
+class RewardSchedulerConfig:
+    enable: bool = False
+    """Score each response as soon as it finishes, while generation goes on, with adaptive per-test code timeouts."""
+    timeout_lambda: float = 1.5
+    """Adaptive code timeout of a test case: this x the longest run of a correct answer to it so far (T_anchor)."""
+    min_timeout_s: float = 2.0
+    """Lower clamp of the adaptive code timeout."""
+    max_timeout_s: float = 30.0
+    """Upper clamp of the adaptive code timeout; a test case with no correct run yet gets this."""
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    backend: str = "auto"
+    """Where model-written code runs: auto (bwrap when installed, else rlimit with a warning) | bwrap | rlimit | http."""
+    url: str = ""
+    """http backend: SandboxFusion's run_code endpoint, e.g. http://sandbox:8080/run_code."""
+    memory_mb: int = 1024
+    """Memory limit of one program run (address space)."""
+    tmp_mb: int = 64
+    """Size of the program's private writable tmp (bwrap: a tmpfs; rlimit: the file-size limit)."""
+    max_output_kb: int = 1024
+    """Captured stdout/stderr per run; past it the run is killed and fails."""
+    max_processes: int = 64
+    """Processes one run may have (bwrap: counted inside its own PID namespace)."""
+
+
+@dataclass(frozen=True)
+class StreamTrainerConfig:
+    enable: bool = False
+    """Colocated: log-probs and gradients of finished groups while the rest generate; one optimizer step when the batch is in."""
+    min_done: float = 0.2
+    """The trigger is checked once this fraction of the batch's prompts is done ..."""
+    max_done: float = 0.5
+    """... and at the latest fires when this fraction is done."""
+    check_every: float = 0.05
+    """Between min_done and max_done, check at every such step of the done fraction."""
+
+
+@dataclass(frozen=True)
+class TPPlannerConfig:
+    enable: bool = False
+    """Per step, pick the rollout tensor-parallel size from KV-cache preemptions (RollPacker's planner)."""
+    growth: float = 1.05
+    """Double TP when a step's preemptions exceed this x the previous step's."""
+    calm_steps: int = 4
+    """Halve TP after this many steps in a row without preemptions."""
+    max_tp: int = 8
+    """Largest TP size (a TP group never crosses a node: also capped by rollout.n_gpus_per_node)."""
+
+
+@dataclass(frozen=True)
 class SimConfig:
     profile: str = "h20-qwen2.5-7b"
     """Hardware/model profile of `asyncrl sim`: built-in (h20-qwen2.5-7b, cpu-tiny) or a YAML from `sim --fit`."""
@@ -293,5 +355,15 @@ class Config:
     """Run length, validation, checkpoints, logging."""
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     """Fully asynchronous pipeline."""
+    tail_batching: TailBatchingConfig = field(default_factory=TailBatchingConfig)
+    """Long-tail remedy: speculative short rounds and long rounds."""
+    reward_scheduler: RewardSchedulerConfig = field(default_factory=RewardSchedulerConfig)
+    """Long-tail remedy: rewards as responses finish, adaptive code timeouts."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Where code rewards run model-written programs."""
+    stream_trainer: StreamTrainerConfig = field(default_factory=StreamTrainerConfig)
+    """Long-tail remedy: gradients of finished groups while the rest generate."""
+    tp_planner: TPPlannerConfig = field(default_factory=TPPlannerConfig)
+    """Long-tail remedy: rollout tensor-parallel size from preemptions."""
     sim: SimConfig = field(default_factory=SimConfig)
     """The cluster simulator (`asyncrl sim`): profile and workload."""
