@@ -4,12 +4,21 @@
 micro-batches, scaling each micro-batch's loss so the accumulated gradient equals the
 mini-batch's aggregate (exact for every `loss_agg_mode`). Losses come from the pure
 `asyncrl.algorithms`; this module owns state (model, optimizer, schedule), not math.
+
+The stream trainer's mode, "gradients now, step later": `accumulate(chunk)` backpropagates the
+chunk's loss *sum* (every agg mode's numerator: the aggregate with denominators of 1), and
+`apply_update()` divides the summed gradients by the whole batch's count (tokens for token-mean,
+sequences for the seq-mean-* modes), then clips and steps once. The result is the plain one-
+mini-batch `train_step` on the concatenated chunks, up to float rounding. Gradients pending
+between the two calls are not checkpointed.
+
 It does not know about pipelines, engines or processes.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +28,7 @@ from torch import nn
 from asyncrl.algorithms.agg import agg_loss
 from asyncrl.algorithms.kl import kl_penalty
 from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logits
-from asyncrl.algorithms.policy_loss import compute_policy_loss
+from asyncrl.algorithms.policy_loss import _FORCED_AGG_MODE, compute_policy_loss
 from asyncrl.config_schema import ActorConfig
 from asyncrl.training.batch import TrainBatch, mean_over_mini_batches, micro_batches
 from asyncrl.training.optim import make_optimizer, seed_state, set_seed_state
@@ -30,6 +39,37 @@ if TYPE_CHECKING:
 # Ratio-like metrics are averaged over micro-batches by row share; loss-like ones are already
 # shares of the mini-batch aggregate (global counts) and are summed.
 _AVERAGED = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/kl_coef")
+
+# Denominators of 1 turn every agg mode into its numerator: the chunk's loss sum.
+_SUMS = {"global_token_count": 1.0, "global_seq_count": 1.0}
+
+
+@dataclass
+class _Accumulated:
+    """What `Actor.accumulate` has added since the last step: counts and metric sums."""
+
+    tokens: float = 0.0
+    seqs: float = 0.0
+    rows: int = 0
+    metrics: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
+        counts = _counts(batch)
+        self.tokens += counts["global_token_count"]
+        self.seqs += counts["global_seq_count"]
+        self.rows += batch.size
+        for k, v in metrics.items():
+            self.metrics[k] += v
+
+    def count(self, mode: str) -> float:
+        """The whole batch's denominator of `mode` (never below 1, as in `agg_loss`)."""
+        return max(self.tokens if mode == "token-mean" else self.seqs, 1.0)
+
+
+def _counts(batch: TrainBatch) -> dict[str, float]:
+    """Response tokens and non-empty sequences of `batch`, as `agg_loss`'s global counts."""
+    return {"global_token_count": float(batch.response_mask.sum()),
+            "global_seq_count": float((batch.response_mask.sum(-1) > 0).sum())}
 
 
 def response_logits(model: nn.Module, batch: TrainBatch) -> torch.Tensor:
@@ -67,6 +107,7 @@ class Actor:
         self.optimizer, self.scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay,
                                                         cfg.betas, cfg.warmup_steps)
         self.version = 0
+        self._pending: _Accumulated | None = None
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
@@ -82,25 +123,71 @@ class Actor:
         self.version += 1
         return metrics | {"actor/lr": float(self.scheduler.get_last_lr()[0])}
 
+    def accumulate(self, batch: TrainBatch) -> None:
+        """Add the gradient of this chunk's loss sum (unnormalised; see the module docstring).
+        Weights do not change until `apply_update`."""
+        assert batch.advantages is not None and batch.old_log_probs is not None
+        self._pg_mode()  # fail before any backward when the terms cannot share one denominator
+        if self._pending is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self._pending = _Accumulated()
+        self._pending.add(batch, self._backward(batch, _SUMS, rows=1))
+
+    def apply_update(self) -> dict[str, float]:
+        """Divide the accumulated gradients by the batch's count, clip, step once; the metrics
+        `train_step` returns for the same batch."""
+        assert self._pending is not None, "apply_update without accumulate: no gradients to apply"
+        acc, self._pending = self._pending, None
+        total = acc.count(self._pg_mode())
+        for param in self.model.parameters():
+            if param.grad is not None:
+                param.grad.div_(total)
+        metrics = {k: v / self._metric_count(k, acc) for k, v in acc.metrics.items()}
+        metrics["actor/grad_norm"] = self._clip_and_step()
+        self.version += 1
+        return metrics | {"actor/lr": float(self.scheduler.get_last_lr()[0])}
+
+    def _pg_mode(self) -> str:
+        """The policy loss's agg mode (gspo forces its own), which must be every gradient term's."""
+        mode = _FORCED_AGG_MODE.get(self.cfg.policy_loss, self.cfg.loss_agg_mode)
+        assert mode == self.cfg.loss_agg_mode or not (self.cfg.entropy_coeff or self.cfg.use_kl_loss), (
+            f"actor.policy_loss={self.cfg.policy_loss} aggregates by {mode}: set actor.loss_agg_mode={mode} "
+            "to accumulate it with an entropy or KL loss")
+        return mode
+
+    def _metric_count(self, key: str, acc: _Accumulated) -> float:
+        if key in _AVERAGED:
+            return float(max(acc.rows, 1))
+        return acc.count(self._pg_mode() if key == "actor/pg_loss" else self.cfg.loss_agg_mode)
+
     def _mini_batch_step(self, mini: TrainBatch) -> dict[str, float]:
-        self.model.train()
+        assert self._pending is None, "train_step between accumulate and apply_update"
         self.optimizer.zero_grad(set_to_none=True)
+        metrics = self._backward(mini, _counts(mini), rows=mini.size)
+        metrics["actor/grad_norm"] = self._clip_and_step()
+        return metrics
+
+    def _backward(self, batch: TrainBatch, counts: dict[str, float], rows: int) -> dict[str, float]:
+        """Backward of each micro-batch's loss over `counts`: loss-like metrics summed, ratio-like
+        ones weighted by micro-batch rows / `rows`."""
+        self.model.train()
         metrics: dict[str, float] = defaultdict(float)
-        counts = {"global_token_count": float(mini.response_mask.sum()),
-                  "global_seq_count": float((mini.response_mask.sum(-1) > 0).sum())}
-        for mb in micro_batches(mini, self.cfg.ppo_micro_batch_tokens):
-            # Each micro-batch loss is its share of the mini-batch aggregate (global counts), so
-            # the summed gradients equal one pass over the whole mini-batch for every agg mode.
+        for mb in micro_batches(batch, self.cfg.ppo_micro_batch_tokens):
+            # Each micro-batch loss is its share of the aggregate over `counts` (global counts), so
+            # the summed gradients equal one pass over the whole batch for every agg mode.
             loss, mb_metrics = self._micro_batch_loss(mb, counts)
             loss.backward()
             for k, v in mb_metrics.items():
-                metrics[k] += v * (mb.size / mini.size if k in _AVERAGED else 1.0)
+                metrics[k] += v * (mb.size / rows if k in _AVERAGED else 1.0)
+        return metrics
+
+    def _clip_and_step(self) -> float:
+        """Clip, step the optimizer (skipped on a non-finite norm) and the schedule; the norm."""
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.scheduler.step()
-        metrics["actor/grad_norm"] = float(grad_norm)
-        return metrics
+        return float(grad_norm)
 
     def _micro_batch_loss(self, mb: TrainBatch, counts: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
@@ -113,14 +200,14 @@ class Actor:
             clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
             is_weights=mb.is_weights, norm_length=self.norm_length, **counts)
         entropy = self._agg(entropy_from_logits(logits.detach() if not cfg.entropy_coeff else logits), mb, counts)
-        metrics = dict(metrics) | {"actor/entropy": float(entropy)}
+        metrics = dict(metrics) | {"actor/entropy": float(entropy.detach())}
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * entropy
         if cfg.use_kl_loss:
             assert mb.ref_log_probs is not None, "actor.use_kl_loss needs reference log-probs"
             kl = self._agg(kl_penalty(log_prob, mb.ref_log_probs, cfg.kl_loss_type), mb, counts)
             loss = loss + cfg.kl_loss_coef * kl
-            metrics |= {"actor/kl_loss": float(kl), "actor/kl_coef": cfg.kl_loss_coef}
+            metrics |= {"actor/kl_loss": float(kl.detach()), "actor/kl_coef": cfg.kl_loss_coef}
         return loss, metrics
 
     def _agg(self, values: torch.Tensor, mb: TrainBatch, counts: dict[str, float]) -> torch.Tensor:

@@ -9,12 +9,21 @@ Old log-probs come from one of three sources (`old_log_prob_source`):
 - "rollout": the engine's behaviour log-probs (`async_training.use_rollout_log_probs`);
 - "proximal": recomputed proximal policy plus truncated importance weights behaviour →
   proximal (AReaL's decoupled PPO; `actor.off_policy_correction`).
+
+The stream trainer splits the same step over chunks of groups: `accumulate_groups(chunk)` runs
+every stage up to the actor's backward on the groups that finished (old log-probs under the
+current, not yet updated weights; advantages per group, which is all a group estimator needs),
+and `apply_update()` makes the one optimizer step once the batch is in. Stage timings add up over
+the chunks, batch statistics are taken over all of them and the adaptive KL-in-reward controller
+moves once per batch, so its metrics have the keys and values of `train_groups` on the same batch.
+Not for a critic or for log-probs other than recomputed ones (`asyncrl.config` rules those out).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,6 +43,15 @@ from asyncrl.types import Group
 from asyncrl.workers.handles import blocking
 
 
+@dataclass
+class _Stream:
+    """What `accumulate_groups` has taken since the last `apply_update`."""
+
+    timings: dict[str, float] = field(default_factory=dict)  # timing_s/* summed over chunks
+    batches: list[TrainBatch] = field(default_factory=list)  # for the batch statistics
+    kl_sum: float = 0.0  # sum over rows of each sequence's mean KL to the reference (KL-in-reward)
+
+
 class PPOTrainer:
     """`asyncrl.roles.TrainerSide` over an actor (+ reference, + critic). Its blocking methods
     run on its own worker thread (`num_threads` torch threads; 0 = the caller's count)."""
@@ -51,20 +69,16 @@ class PPOTrainer:
         kl = algorithm.kl_ctrl
         self.kl_ctrl = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
                         if kl.type == "adaptive" else FixedKLController(kl.kl_coef))
+        self._stream: _Stream | None = None
 
     def train(self, groups: Sequence[Group], metrics: dict[str, float]) -> dict[str, float]:
         """One update on these groups; stage timings and results go into `metrics`."""
+        assert self._stream is None, "train_groups between accumulate_groups and apply_update"
         minis = num_mini_batches(len(groups), self.actor.cfg.ppo_mini_batch_size)
-        batch = build_batch(groups, self.pad_id)
-        self._old_log_probs(batch, metrics)
-        if self.ref is not None:
-            with timer("ref", metrics):
-                batch.ref_log_probs = self.ref.compute_log_probs(batch)
-        if self.critic is not None:
-            with timer("values", metrics):
-                batch.values = self.critic.compute_values(batch)
-        with timer("adv", metrics):
-            self._advantages(batch, groups, metrics)
+        batch = self._prepare(groups, metrics)
+        metrics |= self._batch_metrics([batch])
+        if self.algorithm.use_kl_in_reward:
+            self.kl_ctrl.update(metrics["actor/reward_kl_penalty"], n_steps=batch.size)
         if self.critic is not None:
             with timer("update_critic", metrics):
                 metrics |= self.critic.train_step(batch, minis)
@@ -76,6 +90,53 @@ class PPOTrainer:
     def train_groups(self, groups: Sequence[Group]) -> dict[str, float]:
         """`train` on the worker thread: returns its own metrics."""
         return self.train(groups, {})
+
+    @blocking
+    def accumulate_groups(self, groups: Sequence[Group]) -> dict[str, float]:
+        """The gradients of these finished groups, added for the next `apply_update` (weights do
+        not change); returns this chunk's stage timings and statistics."""
+        assert self.critic is None and self.old_log_prob_source == "recompute", \
+            "the stream trainer needs a critic-free estimator and recomputed old log-probs"
+        stream = self._stream = self._stream or _Stream()
+        metrics: dict[str, float] = {}
+        batch = self._prepare(groups, metrics)
+        with timer("update_actor", metrics):
+            self.actor.accumulate(batch)
+        for k, v in metrics.items():
+            if k.startswith("timing_s/"):
+                stream.timings[k] = stream.timings.get(k, 0.0) + v
+        stream.batches.append(batch)
+        stream.kl_sum += metrics.get("actor/reward_kl_penalty", 0.0) * batch.size
+        return metrics | self._batch_metrics([batch])
+
+    @blocking
+    def apply_update(self) -> dict[str, float]:
+        """One optimizer step on everything `accumulate_groups` took since the last one; the
+        metrics (keys and values) of `train_groups` on those groups as one batch."""
+        assert self._stream is not None, "apply_update without accumulate_groups: nothing to apply"
+        stream, self._stream = self._stream, None
+        metrics = dict(stream.timings) | self._batch_metrics(stream.batches)
+        if self.algorithm.use_kl_in_reward:
+            current_kl = stream.kl_sum / sum(b.size for b in stream.batches)
+            metrics |= {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
+            self.kl_ctrl.update(current_kl, n_steps=sum(b.size for b in stream.batches))
+        with timer("update_actor", metrics):
+            metrics |= self.actor.apply_update()
+        return metrics
+
+    def _prepare(self, groups: Sequence[Group], metrics: dict[str, float]) -> TrainBatch:
+        """The batch of these groups with old/ref log-probs, values and advantages."""
+        batch = build_batch(groups, self.pad_id)
+        self._old_log_probs(batch, metrics)
+        if self.ref is not None:
+            with timer("ref", metrics):
+                batch.ref_log_probs = self.ref.compute_log_probs(batch)
+        if self.critic is not None:
+            with timer("values", metrics):
+                batch.values = self.critic.compute_values(batch)
+        with timer("adv", metrics):
+            self._advantages(batch, groups, metrics)
+        return batch
 
     # The trainer's half of weight sync (asyncrl.roles.WeightSource), called between updates.
     async def weight_meta(self) -> list[WeightMeta]:
@@ -113,8 +174,6 @@ class PPOTrainer:
         with timer("old_log_prob", metrics):
             batch.old_log_probs = self.actor.compute_log_probs(batch)
         mask = batch.response_mask
-        diff = (batch.old_log_probs - batch.rollout_log_probs).abs()
-        metrics["training/rollout_logprob_diff_mean"] = float(masked_mean(diff, mask))
         if self.old_log_prob_source == "proximal":
             level = self.actor.cfg.off_policy_correction
             batch.is_weights, m = truncated_is_weights(
@@ -131,8 +190,7 @@ class PPOTrainer:
             batch.token_level_rewards, m = apply_kl_in_reward(
                 batch.token_level_scores, batch.old_log_probs, batch.ref_log_probs,
                 batch.response_mask, self.kl_ctrl.value, alg.kl_penalty)
-            self.kl_ctrl.update(m["actor/reward_kl_penalty"], n_steps=batch.size)
-            metrics |= m
+            metrics |= m  # the controller moves once per batch, after its last chunk
         baselines = None
         if alg.adv_estimator == "remax":
             baselines = torch.tensor([g.baseline_reward or 0.0 for g in groups
@@ -141,8 +199,24 @@ class PPOTrainer:
             alg.adv_estimator, batch.token_level_rewards, batch.response_mask, batch.index,
             values=batch.values, reward_baselines=baselines, gamma=alg.gamma, lam=alg.lam,
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
-        mask = batch.response_mask
-        metrics |= masked_stats("critic/advantages", batch.advantages, mask)
-        metrics |= masked_stats("critic/returns", batch.returns, mask)
-        metrics |= masked_stats("critic/rewards", batch.token_level_rewards.sum(-1), torch.ones(batch.size))
+
+    def _batch_metrics(self, batches: Sequence[TrainBatch]) -> dict[str, float]:
+        """Statistics over the response tokens (rows for rewards) of all these prepared batches."""
+        def tokens(b: TrainBatch, values: torch.Tensor | None) -> torch.Tensor:
+            assert values is not None, "prepare the batch first"
+            return values[b.response_mask.bool()]
+
+        def cat(values: list[torch.Tensor]) -> torch.Tensor:
+            return torch.cat(values).float()
+
+        adv = cat([tokens(b, b.advantages) for b in batches])
+        ret = cat([tokens(b, b.returns) for b in batches])
+        rewards = cat([b.token_level_rewards.sum(-1) for b in batches if b.token_level_rewards is not None])
+        metrics = masked_stats("critic/advantages", adv, torch.ones_like(adv))
+        metrics |= masked_stats("critic/returns", ret, torch.ones_like(ret))
+        metrics |= masked_stats("critic/rewards", rewards, torch.ones_like(rewards))
+        if self.old_log_prob_source != "rollout":
+            diff = cat([tokens(b, b.old_log_probs) - tokens(b, b.rollout_log_probs) for b in batches]).abs()
+            metrics["training/rollout_logprob_diff_mean"] = float(masked_mean(diff, torch.ones_like(diff)))
+        return metrics
 

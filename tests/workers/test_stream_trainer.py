@@ -1,0 +1,127 @@
+"""Stream trainer: gradients accumulated over chunks of finished groups, then one step, give the
+weights, gradients and metrics of the plain `train_groups` step on the same batch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from asyncrl.config_schema import ActorConfig, AlgorithmConfig, KLControlConfig
+from asyncrl.training.actor import Actor, RefWorker
+from asyncrl.types import Group
+from asyncrl.workers.trainer import PPOTrainer
+from tests.training.helpers import make_groups, tiny_lm
+
+MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"]
+PLAIN = {"actor": {}, "algorithm": {}}
+KL_AND_ENTROPY = {"actor": {"use_kl_loss": True, "kl_loss_coef": 0.1, "entropy_coeff": 0.01},
+                  "algorithm": {"use_kl_in_reward": True,
+                                "kl_ctrl": KLControlConfig(type="adaptive", kl_coef=0.05, target_kl=0.01, horizon=10)}}
+
+
+def make_trainer(mode: str, extra: dict[str, dict], micro_tokens: int = 10_000) -> PPOTrainer:
+    cfg = ActorConfig(lr=1e-3, warmup_steps=0, grad_clip=1e9, loss_agg_mode=mode, ppo_mini_batch_size=6,
+                      ppo_micro_batch_tokens=micro_tokens, **extra["actor"])
+    actor = Actor(tiny_lm(), cfg, temperature=1.0, norm_length=8)
+    algorithm = AlgorithmConfig(**extra["algorithm"])
+    use_ref = cfg.use_kl_loss or algorithm.use_kl_in_reward
+    ref = RefWorker(tiny_lm(seed=1), 1.0, 10_000) if use_ref else None
+    return PPOTrainer(actor, algorithm, pad_id=0, ref=ref)
+
+
+def ragged_groups() -> list[Group]:
+    """Six prompts of 4 responses, 1-4 tokens each, prompts of 2-7 tokens; rewards 0/1 per group."""
+    return make_groups(n_prompts=6, n=4, seed=3)
+
+
+def chunks_of(groups: list[Group]) -> list[list[Group]]:
+    """Finish order: not the batch order, chunks of 1-3 groups with different padded widths."""
+    return [[groups[3]], [groups[0], groups[5]], [groups[1], groups[4], groups[2]]]
+
+
+def streamed(trainer: PPOTrainer, chunks: Sequence[Sequence[Group]]) -> dict[str, float]:
+    async def run() -> dict[str, float]:
+        for chunk in chunks:
+            await trainer.accumulate_groups(chunk)
+        return await trainer.apply_update()
+    return asyncio.run(run())
+
+
+def weights(trainer: PPOTrainer) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().clone() for p in trainer.actor.model.parameters()])
+
+
+def state(trainer: PPOTrainer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, gradients), each flattened into one vector."""
+    grads = [p.grad.flatten() for p in trainer.actor.model.parameters() if p.grad is not None]
+    return weights(trainer), torch.cat(grads)
+
+
+@pytest.mark.parametrize("extra", [PLAIN, KL_AND_ENTROPY], ids=["plain", "kl-entropy"])
+@pytest.mark.parametrize("mode", MODES)
+def test_streamed_step_equals_plain_step(mode: str, extra: dict[str, dict]) -> None:
+    groups = ragged_groups()
+    plain, stream = make_trainer(mode, extra), make_trainer(mode, extra, micro_tokens=16)
+    before = weights(plain)
+    want = asyncio.run(plain.train_groups(groups))
+    got = streamed(stream, chunks_of(groups))
+    (w_plain, g_plain), (w_stream, g_stream) = state(plain), state(stream)
+    assert (w_plain - before).abs().max() > 1e-4  # the step moved the weights: the comparison means something
+    torch.testing.assert_close(g_stream, g_plain, rtol=1e-5, atol=1e-6)  # |g| up to 0.3
+    # Adam's first step is lr * g / (|g| + 1e-8): a 1e-10 rounding difference in a near-zero
+    # gradient element moves that weight by up to lr * 1e-2 = 1e-5, 1% of a step (lr = 1e-3).
+    torch.testing.assert_close(w_stream, w_plain, rtol=1e-5, atol=1e-5)
+    assert set(got) == set(want)
+    for key in want:
+        if not key.startswith("timing_s/"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    assert stream.actor.version == plain.actor.version == 1
+    assert stream.kl_ctrl.value == pytest.approx(plain.kl_ctrl.value, rel=1e-9, abs=1e-12)
+
+
+def test_accumulate_does_not_change_weights_and_a_second_batch_starts_afresh() -> None:
+    groups = ragged_groups()
+    plain, stream = make_trainer("token-mean", PLAIN), make_trainer("token-mean", PLAIN)
+    first = weights(stream)
+    asyncio.run(stream.accumulate_groups(groups[:2]))
+    torch.testing.assert_close(weights(stream), first, rtol=0, atol=0)
+    asyncio.run(stream.apply_update())
+    asyncio.run(plain.train_groups(groups[:2]))
+    asyncio.run(plain.train_groups(groups[2:]))
+    streamed(stream, [groups[2:4], groups[4:]])  # the first batch's gradients are not carried over
+    torch.testing.assert_close(weights(stream), weights(plain), rtol=1e-5, atol=1e-5)
+
+
+def test_apply_update_without_accumulate_is_an_error() -> None:
+    trainer = make_trainer("token-mean", PLAIN)
+    with pytest.raises(AssertionError, match="without accumulate"):
+        asyncio.run(trainer.apply_update())
+    with pytest.raises(AssertionError, match="without accumulate"):
+        trainer.actor.apply_update()
+
+
+def test_plain_step_between_accumulate_and_apply_is_an_error() -> None:
+    trainer = make_trainer("token-mean", PLAIN)
+    groups = ragged_groups()
+    asyncio.run(trainer.accumulate_groups(groups[:2]))
+    with pytest.raises(AssertionError, match="between accumulate"):
+        asyncio.run(trainer.train_groups(groups[2:]))
+
+
+def test_chunk_metrics_name_the_same_stages() -> None:
+    trainer = make_trainer("token-mean", KL_AND_ENTROPY)
+    groups = ragged_groups()
+    chunk = asyncio.run(trainer.accumulate_groups(groups[:3]))
+    final = asyncio.run(trainer.apply_update())
+    stages = {"timing_s/old_log_prob", "timing_s/ref", "timing_s/adv", "timing_s/update_actor"}
+    assert stages <= set(chunk) and stages <= set(final)
+    assert final["timing_s/update_actor"] > chunk["timing_s/update_actor"]
+
+
+def test_gspo_with_an_entropy_term_under_another_agg_mode_is_refused() -> None:
+    trainer = make_trainer("token-mean", {"actor": {"policy_loss": "gspo", "entropy_coeff": 0.01}, "algorithm": {}})
+    with pytest.raises(AssertionError, match="actor.loss_agg_mode=seq-mean-token-mean"):
+        asyncio.run(trainer.accumulate_groups(ragged_groups()[:2]))
