@@ -1,13 +1,14 @@
 """Reward calls in worker processes, so a hung or crashing reward function is killed, not waited on.
 
-`RewardPool(num_workers, timeout_s, custom_function)` keeps up to `num_workers` worker processes
+`RewardPool(num_workers, timeout_s, custom_function, sandbox)` keeps up to `num_workers` worker processes
 (started on first use). `run(calls)` hands each call to an idle worker and waits at most
 `timeout_s` for its answer. Past that deadline the worker and every process it started get
 SIGKILL (its process group, plus descendants in a session of their own, like the code scorer's
 subprocess) and the call is "timeout"; a fresh worker takes the slot on its next call. A worker
 that dies mid-call (segfault, `os._exit`, the OOM killer) is replaced and the call retried once;
 a second death makes it "error". The result of the call itself comes from `runner.call_reward`,
-run inside the worker.
+run inside the worker. The `sandbox` config (where the code scorer runs programs) reaches the
+workers as JSON in their `ASYNCRL_SANDBOX` environment variable (`asyncrl.rewards.sandbox.from_env`).
 
 Why processes: a thread cannot be killed, so a hung reward used to keep spinning and, through the
 GIL, starve the trainer (an update went from 0.25 s to 84 s). Each worker has its own GIL; the
@@ -42,8 +43,11 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+from asyncrl.config_schema import SandboxConfig
 from asyncrl.rewards.registry import RewardFn, known_data_sources, resolve_reward_fn
 from asyncrl.rewards.runner import Outcome, RewardCall, call_reward, failed
+from asyncrl.rewards.sandbox import ENV_VAR as SANDBOX_ENV
+from asyncrl.rewards.sandbox import to_env
 
 START_TIMEOUT_S = 60.0
 """A worker must import the reward functions and report ready within this (the built-ins take ~0.3 s)."""
@@ -53,10 +57,12 @@ _BOOT = "import sys; from asyncrl.rewards.pool import worker_main; worker_main(i
 class RewardPool:
     """Thread-safe: `run` may be called from several threads at once; calls share the workers."""
 
-    def __init__(self, num_workers: int = 2, timeout_s: float = 10.0, custom_function: str = "") -> None:
+    def __init__(self, num_workers: int = 2, timeout_s: float = 10.0, custom_function: str = "",
+                 sandbox: SandboxConfig | None = None) -> None:
         assert num_workers >= 1 and timeout_s > 0, (num_workers, timeout_s)
         self.timeout_s = timeout_s
         self.custom_function = custom_function
+        self.sandbox = sandbox or SandboxConfig()
         self._slots: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
         for _ in range(num_workers):
             self._slots.put(None)  # None: no live worker in this slot yet
@@ -125,7 +131,7 @@ class RewardPool:
     def _start(self) -> _Worker:
         if self._closed:
             raise _WorkerDied("the reward pool is closed")
-        worker = _Worker(self.custom_function)
+        worker = _Worker(self.custom_function, self.sandbox)
         with self._lock:
             self._live.add(worker)
         try:
@@ -154,13 +160,14 @@ class _WorkerDied(Exception):
 class _Worker:
     """One worker process and the trainer's end of the socket it answers on."""
 
-    def __init__(self, custom_function: str) -> None:
+    def __init__(self, custom_function: str, sandbox: SandboxConfig) -> None:
         ours, theirs = socket.socketpair()
         with theirs:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(theirs.fileno()), custom_function],
                 pass_fds=(theirs.fileno(),), start_new_session=True, stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                     SANDBOX_ENV: to_env(sandbox)})
         self.conn = Connection(ours.detach())
 
     def wait_ready(self) -> None:

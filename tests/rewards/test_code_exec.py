@@ -1,4 +1,4 @@
-"""The code scorer: tests pass/fail in a subprocess, and an infinite loop is a timeout."""
+"""The code scorer: verdicts per test, judged outside the sandbox; per-test timeouts; crashes fail one test."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import time
 import pytest
 
 from asyncrl.data.tasks import make_task
-from asyncrl.errors import RewardTimeout
 from asyncrl.rewards.code_exec import code_score
 
 CALL = json.dumps({"fn_name": "f", "tests": [{"input": [1], "output": 4}, {"input": [2], "output": 7},
@@ -41,16 +40,33 @@ def test_raw_code_without_block_and_prints_do_not_break_the_report() -> None:
     assert code_score(code, CALL)["score"] == 1.0
 
 
-def test_infinite_loop_times_out_quickly() -> None:
+def test_infinite_loop_fails_its_test_at_its_timeout_and_skips_the_rest() -> None:
     start = time.monotonic()
-    with pytest.raises(RewardTimeout):
-        code_score(block("def f(x):\n    while True:\n        pass"), CALL, timeout_s=0.5)
-    assert time.monotonic() - start < 2.0
+    code = "def f(x):\n    while x == 2:\n        pass\n    return x*3+1"
+    result = code_score(block(code), CALL, timeout_s=0.5)  # test 0 passes, test 1 loops, 2 and 3 not run
+    assert time.monotonic() - start < 2.5
+    assert (result["score"], result["tests_timeout"]) == (0.25, 1.0)
+    assert [result[f"test_pass/{i}"] for i in range(4)] == [1.0, 0.0, 0.0, 0.0]
+    assert 0.45 < result["test_s/1"] < 0.5 + 0.5
+
+
+def test_per_test_timeouts_kill_only_the_slow_test() -> None:
+    code = "import time\ndef f(x):\n    time.sleep(0.3 if x == 2 else 0)\n    return x*3+1"
+    assert code_score(block(code), CALL, timeout_s=[2.0, 2.0, 2.0, 2.0])["score"] == 1.0
+    result = code_score(block(code), CALL, timeout_s=[2.0, 0.1, 2.0, 2.0])
+    assert [result[f"test_pass/{i}"] for i in range(4)] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_a_crash_fails_only_its_test() -> None:
+    code = "import os\ndef f(x):\n    if x == 2:\n        os._exit(0)\n    return x*3+1"
+    result = code_score(block(code), CALL)
+    assert [result[f"test_pass/{i}"] for i in range(4)] == [1.0, 0.0, 1.0, 1.0]
 
 
 def test_assert_and_stdio_layouts() -> None:
-    asserts = json.dumps(["assert f(2) == 4", "assert f(3) == 9"])
-    assert code_score(block("def f(x):\n    return x*x"), asserts)["score"] == 1.0
+    asserts = json.dumps(["assert f(2) == 4", "assert f(3) == 9", "assert (1, 4) == g(1)", "assert f(1) < 2"])
+    assert code_score(block("def f(x):\n    return x*x\ndef g(x):\n    return (x, 4*x)"), asserts)["score"] == 1.0
+    assert code_score(block("def f(x):\n    return 0\ndef g(x):\n    return 1"), asserts)["score"] == 0.25
     stdio = json.dumps({"inputs": ["2 3\n", "10 5\n"], "outputs": ["5\n", "15\n"]})
     code = "a, b = map(int, input().split())\nprint(a + b)"
     assert code_score(block(code), stdio)["score"] == 1.0

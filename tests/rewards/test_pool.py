@@ -224,4 +224,5 @@ def test_builtin_scorers_resolve_in_the_worker() -> None:
     finally:
         pool.close()
     assert (good.result.status, good.result.score) == ("ok", 1.0)
-    assert loop.result.status == "timeout" and "code_timeout_s" in loop.result.error
+    # a looping program fails its test at the per-test timeout; the reward call itself is fine
+    assert (loop.result.status, loop.result.score, loop.result.details["tests_timeout"]) == ("ok", 0.0, 1.0)

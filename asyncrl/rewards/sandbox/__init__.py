@@ -1,0 +1,66 @@
+"""Sandboxes for model-written code: one `Sandbox` interface, backends bwrap | rlimit | http.
+
+Typical use:
+    sandbox = make_sandbox(cfg.sandbox)  # auto: bwrap when installed, else rlimit (warns once)
+    result = sandbox.run("print(input())", "hi\\n", timeout_s=2.0)  # RunResult(status="ok", stdout="hi\\n")
+
+Reward worker processes get the parent's `SandboxConfig` through the `ASYNCRL_SANDBOX`
+environment variable (JSON, set by `RewardPool`); `from_env()` reads it (defaults when unset).
+Not here: scoring (`asyncrl.rewards.code_exec`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+
+from asyncrl.config_schema import SandboxConfig
+from asyncrl.rewards.sandbox import bwrap
+from asyncrl.rewards.sandbox.base import RunResult, RunStatus, Sandbox, SandboxError
+from asyncrl.rewards.sandbox.bwrap import BwrapSandbox
+from asyncrl.rewards.sandbox.http import HttpSandbox
+from asyncrl.rewards.sandbox.rlimit import RlimitSandbox
+
+ENV_VAR = "ASYNCRL_SANDBOX"
+BACKENDS = ("auto", "bwrap", "rlimit", "http")
+
+
+def make_sandbox(cfg: SandboxConfig) -> Sandbox:
+    """The backend `cfg.backend` names (auto: bwrap if on PATH, else rlimit)."""
+    backend = cfg.backend
+    if backend == "auto":
+        backend = "bwrap" if bwrap.available() else "rlimit"
+    if backend == "bwrap":
+        if not bwrap.available():
+            raise SandboxError("sandbox.backend=bwrap but bwrap is not on PATH (apt-get install bubblewrap, "
+                               "or sandbox.backend=auto)")
+        return BwrapSandbox(cfg)
+    if backend == "rlimit":
+        return RlimitSandbox(cfg)
+    if backend == "http":
+        if not cfg.url:
+            raise SandboxError("sandbox.backend=http needs sandbox.url (SandboxFusion's /run_code endpoint)")
+        return HttpSandbox(cfg)
+    raise SandboxError(f"sandbox.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def to_env(cfg: SandboxConfig) -> str:
+    return json.dumps(dataclasses.asdict(cfg))
+
+
+def from_env() -> SandboxConfig:
+    """The SandboxConfig a RewardPool passed to this process (defaults when none)."""
+    raw = os.environ.get(ENV_VAR, "")
+    return SandboxConfig(**json.loads(raw)) if raw else SandboxConfig()
+
+
+@functools.lru_cache(maxsize=4)
+def sandbox_for(cfg: SandboxConfig) -> Sandbox:
+    """One sandbox per distinct config in this process."""
+    return make_sandbox(cfg)
+
+
+__all__ = ["BACKENDS", "ENV_VAR", "RunResult", "RunStatus", "Sandbox", "SandboxError", "from_env", "make_sandbox",
+           "sandbox_for", "to_env"]

@@ -1,0 +1,60 @@
+"""The `rlimit` backend: a plain subprocess with resource limits; the fallback when bwrap is missing.
+
+Contains: memory (RLIMIT_AS), CPU time, single-file size, wall clock (the parent kills the
+process group), output floods (the parent caps its reads), the parent's environment (the child
+gets a cleared env and runs `python -I`), and, when we are root, processes and files: the program
+runs as a uid of its own (`process.uid_slot`), so RLIMIT_NPROC caps a fork bomb without touching
+other runs, it cannot signal the reward worker or read its /proc/<pid>/environ, it cannot write
+files only root may write, and every process of that uid is killed after the run (orphans that
+left the process group included). Its cwd is a fresh temp dir, deleted afterwards.
+
+Does NOT contain: the network (a program can connect anywhere, 127.0.0.1 included), writes to
+world-writable places (/tmp, /dev/shm: RLIMIT_FSIZE caps one file, not the disk), reading files
+the world may read. Not root: no own uid, so no process cap, and the program can kill the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from asyncrl.config_schema import SandboxConfig
+from asyncrl.rewards.sandbox.base import RunResult
+from asyncrl.rewards.sandbox.limits import limiter
+from asyncrl.rewards.sandbox.process import BOOT, run_process, uid_slot
+
+log = logging.getLogger("asyncrl.sandbox")
+_warned = False
+
+
+class RlimitSandbox:
+    name = "rlimit"
+
+    def __init__(self, cfg: SandboxConfig, python: str = sys.executable) -> None:
+        global _warned
+        self.cfg = cfg
+        self.python = python
+        if not _warned:
+            _warned = True
+            log.warning("sandbox.backend=rlimit: model-written code runs with resource limits but WITHOUT "
+                        "network or file-system isolation; install bubblewrap (apt-get install bubblewrap) "
+                        "for sandbox.backend=bwrap")
+
+    def run(self, program: str, stdin: str, timeout_s: float, *, marker: str = "",
+            step_timeouts_s: Sequence[float] = ()) -> RunResult:
+        cwd = tempfile.mkdtemp(prefix="asyncrl-sandbox-")
+        try:
+            with uid_slot() as uid:  # its exit kills the uid's leftovers: before the rmtree
+                if uid >= 0:
+                    os.chown(cwd, uid, uid)
+                argv = [self.python, "-I", "-c", BOOT, str(uid), program]
+                env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"}
+                return run_process(argv, stdin, timeout_s, marker=marker, step_timeouts_s=step_timeouts_s,
+                                   max_output=self.cfg.max_output_kb * 1024, cwd=cwd, env=env,
+                                   preexec=limiter(self.cfg, timeout_s, own_uid=uid >= 0))
+        finally:
+            shutil.rmtree(cwd, ignore_errors=True)
