@@ -10,6 +10,13 @@ Rollout (one engine of `tp` devices; roofline terms summed, a smooth stand-in fo
     prefill      = tokens * 2 * params / (speed * flops * prefill_mfu)
     KV capacity  = (tp * device_mem * gpu_memory_utilization - weight_bytes) / kv_bytes_per_token
 
+A share of an engine (the TP planner, `asyncrl.sim.substrate.engine_shape`): a server whose
+devices are a fraction `share` of one engine of `tp` devices (share < 1: TP grew past the
+server's devices; share > 1: the server holds 1/share engines) is modelled as that fraction of
+the engine's batch: `a` stays, `b`, `c` and prefill divide by `share`, KV capacity and
+max_num_seqs multiply by it. With the load spread evenly this is exact: k = 1/share servers
+each running B/k sequences step as fast as one engine running B.
+
 Training (`devices` GPUs, data-parallel ranks of `sequence_parallel` devices each): a sequence
 of length l costs 2*params*l + 2*layers*hidden*l^2 forward FLOPs (the second term: causal
 attention). Sequences are balanced over ranks longest-first (snake order, as verl's
@@ -56,6 +63,18 @@ def prefill_s_per_token(p: Profile, tp: int) -> float:
 def kv_capacity_tokens(p: Profile, tp: int) -> int:
     free = tp * p.device_mem_gb * 1e9 * p.gpu_memory_utilization - p.weight_bytes
     return max(int(free / p.kv_bytes_per_token), 0)
+
+
+def shared_engine(p: Profile, tp: int, share: float, kv_capacity: int, max_seqs: int
+                  ) -> tuple[tuple[float, float, float], float, int, int]:
+    """(decode coefficients, prefill s/token, KV capacity, max seqs) of `share` of an engine of
+    `tp` devices whose whole KV capacity is `kv_capacity` (module docstring).
+
+    Example: h20-qwen2.5-7b, a 4-GPU server as half of a TP-8 engine: b and c double, the
+    capacity is half the TP-8 engine's."""
+    a, b, c = decode_coefficients(p, tp)
+    prefill = prefill_s_per_token(p, tp)
+    return (a, b / share, c / share), prefill / share, int(kv_capacity * share), max(1, round(max_seqs * share))
 
 
 def forward_flops(p: Profile, lengths: np.ndarray) -> np.ndarray:

@@ -60,11 +60,8 @@ Waiting = tuple[GroupSpec, int, Runs, int, int]
 class EngineModel:
     def __init__(self, coefficients: tuple[float, float, float], prefill_s_per_token: float,
                  kv_capacity: int, max_seqs: int, watermark: float = 0.01) -> None:
-        self.a, self.b, self.c = coefficients
-        self.prefill = prefill_s_per_token
-        self.capacity = float(kv_capacity)
-        self.admit_limit = kv_capacity * (1 - watermark)
-        self.max_seqs = max_seqs
+        self.watermark = watermark
+        self.retune(coefficients, prefill_s_per_token, kv_capacity, max_seqs)
         self.t = 0.0
         self.S = 0.0
         self.running: list[Running] = []
@@ -90,6 +87,17 @@ class EngineModel:
     @property
     def busy(self) -> bool:
         return bool(self.running or self.waiting)
+
+    def retune(self, coefficients: tuple[float, float, float], prefill_s_per_token: float,
+               kv_capacity: int, max_seqs: int) -> None:
+        """New speed and capacity (a different tensor-parallel size). Requests keep their
+        tokens; if the cache now holds less than is running, the next `advance` preempts the
+        newest until it fits."""
+        self.a, self.b, self.c = coefficients
+        self.prefill = prefill_s_per_token
+        self.capacity = float(kv_capacity)
+        self.admit_limit = kv_capacity * (1 - self.watermark)
+        self.max_seqs = max_seqs
 
     def context_tokens(self) -> float:
         return self.prompt_sum - self.base_sum + len(self.running) * self.S
@@ -284,6 +292,13 @@ class SimEngine:
     def set_version(self, version: int) -> None:
         self.catch_up()
         self.model.set_version(version)
+        self._request_replan()
+
+    def retune(self, coefficients: tuple[float, float, float], prefill_s_per_token: float,
+               kv_capacity: int, max_seqs: int) -> None:
+        """`EngineModel.retune` from now on (the look-ahead made with the old numbers is dropped)."""
+        self.catch_up()
+        self.model.retune(coefficients, prefill_s_per_token, kv_capacity, max_seqs)
         self._request_replan()
 
     def abort(self, group: int, indices: set[int]) -> list[Finished]:

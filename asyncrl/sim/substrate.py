@@ -6,6 +6,13 @@ rollout.n_gpus_per_node to rollout (engines of rollout.tensor_model_parallel_siz
 and trainer.nnodes x trainer.n_gpus_per_node to training. With a CPU profile the devices are
 cores (num_threads, rollout/trainer.num_cpus). Workers are plain objects on the loop (no
 threads, no processes); the weight transfer is modelled time (`SimTransport`).
+
+A tensor-parallel change (the TP planner, `asyncrl.pipelines.planning`) keeps the servers:
+each server's devices stay its own slice of the rollout devices, and the slice becomes a share
+of an engine of the new TP (or holds several such engines), so the devices form devices / tp
+engines with that TP's speed and KV capacity (`engine_shape`, `costs.shared_engine`). The
+change takes no modelled time: between two colocated steps nothing is in flight, and the
+engines are woken up for the next step anyway.
 """
 
 from __future__ import annotations
@@ -51,6 +58,21 @@ def devices(cfg: Config, profile: Profile) -> Devices:
     if rollout % tp:
         raise ConfigError(f"rollout.tensor_model_parallel_size={tp} must divide the {rollout} rollout GPUs")
     return Devices(rollout, trainer, rollout // tp, tp)
+
+
+def engine_shape(cfg: Config, profile: Profile, tp: int) -> tuple[tuple[float, float, float], float, int, int]:
+    """One server's engine model when the rollout TP is `tp` instead of the configured size:
+    (decode coefficients, prefill s/token, KV capacity, max seqs). At the configured TP it is
+    exactly the engine the server was built with.
+
+    Example: 16 GPUs at TP 2 are 8 servers of 2 GPUs; at TP 8 each server is a quarter of one of
+    2 engines of 8 GPUs (1/4 of its KV capacity and of its batch); at TP 1 each holds 2 engines."""
+    per_engine = devices(cfg, profile).per_engine
+    engine_devices = max(1, per_engine * tp // cfg.rollout.tensor_model_parallel_size)
+    capacity = cfg.rollout.kv_budget_tokens if profile.device == "cpu" else \
+        costs.kv_capacity_tokens(profile, engine_devices)
+    return costs.shared_engine(profile, engine_devices, per_engine / engine_devices, capacity,
+                               cfg.rollout.max_num_seqs)
 
 
 class SimSubstrate:

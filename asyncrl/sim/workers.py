@@ -129,6 +129,14 @@ class SimRolloutServer:
                 "rollouter/preemptions": m.preemptions, "sim/generated_tokens": m.generated,
                 "fully_async/partial/continuations": self.partial_continuations}
 
+    async def set_tensor_parallel(self, tp: int) -> None:
+        """Rollout TP `tp` from now on (the TP planner, `asyncrl.pipelines.planning`): this
+        server's devices become a share of an engine of `tp` devices, or hold several such
+        engines (`asyncrl.sim.substrate.engine_shape`)."""
+        from asyncrl.sim.substrate import engine_shape  # that module imports this one
+
+        self.engine.retune(*engine_shape(self.cfg, self.profile, tp))
+
 
 Placeholders = dict[Runs, tuple[RunLength[int], RunLength[float], RunLength[int]]]
 
