@@ -161,6 +161,16 @@ class TrainerSide(WeightSource, Protocol):
         returns its stage timings and training metrics."""
         ...
 
+    async def accumulate_groups(self, groups: Sequence[Group]) -> dict[str, float]:
+        """Stream trainer: the gradients of these finished groups, kept for `apply_update`; the
+        weights do not change. Returns this chunk's stage timings and statistics."""
+        ...
+
+    async def apply_update(self) -> dict[str, float]:
+        """Stream trainer: one optimizer step on every group accumulated since the last one, with
+        the result and metric keys of `train_groups` on them as one batch."""
+        ...
+
     async def save(self, path: Path) -> None:
         """Actor (HF format + optimizer + RNG), critic and controller state under `path`."""
         ...

@@ -196,7 +196,10 @@ def _trajectory(f: Finished, spec: GroupSpec, request_id: str, row: PromptRow | 
 
 
 class SimTrainer:
-    """`PPOTrainer`'s methods on modelled time: the same stages, timed under the same names."""
+    """`PPOTrainer`'s methods on modelled time: the same stages, timed under the same names.
+    The stream trainer's chunk costs its log-prob passes and 3x-forward gradient pass now
+    (`accumulate_groups`); `apply_update` costs one `optimizer_step_s`. Old log-probs are always
+    recomputed there (the stream trainer runs colocated)."""
 
     def __init__(self, cfg: Config, profile: Profile, devices: int, old_log_prob_source: str) -> None:
         self.cfg, self.profile, self.devices = cfg, profile, devices
@@ -204,6 +207,7 @@ class SimTrainer:
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
         self.updates = 0
+        self._streamed: dict[str, float] = {}  # stage timings and tokens of the chunks not yet stepped
 
     async def train_groups(self, groups: Sequence[Group]) -> dict[str, float]:
         p, micro = self.profile, self.cfg.actor.ppo_micro_batch_tokens
@@ -225,6 +229,30 @@ class SimTrainer:
             p, minis, self.devices, micro, self.cfg.actor.ppo_epochs), metrics)
         self.updates += 1
         metrics["sim/train_tokens"] = float(lengths.sum())
+        return metrics
+
+    async def accumulate_groups(self, groups: Sequence[Group]) -> dict[str, float]:
+        """Stream trainer: this chunk's log-prob passes and forward+backward now (no step)."""
+        p, micro = self.profile, self.cfg.actor.ppo_micro_batch_tokens
+        lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories])
+        metrics: dict[str, float] = {}
+        await self._stage("old_log_prob", costs.logprob_seconds(p, lengths, self.devices, micro), metrics)
+        if self.use_ref:
+            await self._stage("ref", costs.logprob_seconds(p, lengths, self.devices, micro), metrics)
+        await self._stage("adv", 0.0, metrics)
+        backward = costs.pass_seconds(p, lengths, self.devices, micro, 3.0, p.train_mfu)
+        await self._stage("update_actor", backward, metrics)
+        for k, v in metrics.items():
+            self._streamed[k] = self._streamed.get(k, 0.0) + v
+        self._streamed["sim/train_tokens"] = self._streamed.get("sim/train_tokens", 0.0) + float(lengths.sum())
+        return metrics
+
+    async def apply_update(self) -> dict[str, float]:
+        """Stream trainer: the one optimizer step; the stage timings summed over the chunks."""
+        assert self._streamed, "apply_update without accumulate_groups: nothing to apply"
+        metrics, self._streamed = self._streamed, {}
+        await self._stage("update_actor", self.profile.optimizer_step_s, metrics)
+        self.updates += 1
         return metrics
 
     async def _stage(self, name: str, seconds: float, metrics: dict[str, float]) -> None:

@@ -1,5 +1,6 @@
 """Stream trainer: gradients accumulated over chunks of finished groups, then one step, give the
-weights, gradients and metrics of the plain `train_groups` step on the same batch."""
+weights, gradients and metrics of the plain `train_groups` step on the same batch; the simulated
+trainer charges the chunks' passes now and one optimizer step at apply."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from asyncrl.config import load_config
 from asyncrl.config_schema import ActorConfig, AlgorithmConfig, KLControlConfig
+from asyncrl.sim.loop import run_virtual
+from asyncrl.sim.profile import load_profile
+from asyncrl.sim.workers import SimTrainer
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.types import Group
 from asyncrl.workers.trainer import PPOTrainer
@@ -125,3 +130,26 @@ def test_gspo_with_an_entropy_term_under_another_agg_mode_is_refused() -> None:
     trainer = make_trainer("token-mean", {"actor": {"policy_loss": "gspo", "entropy_coeff": 0.01}, "algorithm": {}})
     with pytest.raises(AssertionError, match="actor.loss_agg_mode=seq-mean-token-mean"):
         asyncio.run(trainer.accumulate_groups(ragged_groups()[:2]))
+
+
+def test_simulated_stream_costs_the_chunks_now_and_one_step_at_apply() -> None:
+    """One chunk holding the whole batch costs what `train_groups` does (update_seconds of one
+    mini-batch and epoch = its 3x-forward pass + optimizer_step_s); the step comes at apply."""
+    cfg = load_config(None, ["actor.ppo_mini_batch_size=6", "data.train_batch_size=6"])
+    profile = load_profile("h20-qwen2.5-7b")
+    groups = ragged_groups()
+
+    async def main() -> tuple[dict[str, float], dict[str, float], dict[str, float], SimTrainer]:
+        plain = await SimTrainer(cfg, profile, 8, "recompute").train_groups(groups)
+        stream = SimTrainer(cfg, profile, 8, "recompute")
+        chunk = await stream.accumulate_groups(groups)
+        return plain, chunk, await stream.apply_update(), stream
+
+    (plain, chunk, applied, stream), _ = run_virtual(main())
+    assert set(applied) == set(plain) and stream.updates == 1
+    for key, seconds in plain.items():
+        assert applied[key] == pytest.approx(seconds, rel=1e-9, abs=1e-12), key
+    step = applied["timing_s/update_actor"] - chunk["timing_s/update_actor"]
+    assert step == pytest.approx(profile.optimizer_step_s, rel=1e-6, abs=1e-9)
+    with pytest.raises(AssertionError, match="without accumulate"):
+        run_virtual(stream.apply_update())
