@@ -4,8 +4,9 @@ The physical part (peak FLOP/s, memory and bandwidth per device, the model's sha
 data sheets; the efficiency part (MFUs, fixed per-step and per-micro-batch costs) is fitted to
 measured steps (`asyncrl sim --fit`, `asyncrl.sim.fit`). Built-in profiles live next to this
 module as YAML (`h20-qwen2.5-7b`: SPEC §6's DAPO runs; `cpu-tiny`: this repository's tiny model
-on a 2-core laptop). A profile says nothing about the workload or the pipeline: those come from
-the run's config.
+on a 2-core laptop; `h800-qwen2.5-7b`, `-14b`, `-32b`: RollPacker's settings, H800 data-sheet
+numbers with the H20 profile's efficiencies carried over, unmeasured, as their comments say).
+A profile says nothing about the workload or the pipeline: those come from the run's config.
 """
 
 from __future__ import annotations
