@@ -29,6 +29,8 @@ from asyncrl.rewards.sandbox.base import RunResult, RunStatus, SandboxError
 SLOT_UID_BASE = 790_000
 """Slot k runs as uid SLOT_UID_BASE + k (no passwd entry needed; pick a range no one else uses)."""
 MAX_SLOTS = 256
+POLL_S = 0.05
+"""How often the parent checks whether the program exited while something else holds its pipes."""
 SLOT_DIR = "/tmp/asyncrl-sandbox-slots"
 
 BOOT = (
@@ -43,9 +45,9 @@ BOOT = (
 
 
 @contextmanager
-def uid_slot() -> Iterator[int]:
+def uid_slot(wanted: bool = True) -> Iterator[int]:
     """A uid for this run alone (flock on a per-slot file, so it holds across processes); -1 if not root."""
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or not wanted:
         yield -1
         return
     os.makedirs(SLOT_DIR, mode=0o700, exist_ok=True)
@@ -143,25 +145,36 @@ class _Stream:
             left = self._deadline(start, timeout_s, steps) - time.monotonic()
             if left <= 0:
                 return "timeout"
-            for key, _ in self.sel.select(left):
+            exited = self.proc.poll() is not None  # before reading: all it wrote is in the pipes
+            events = self.sel.select(0.0 if exited else min(left, POLL_S))
+            for key, _ in events:
                 if key.data == 0:
                     self._feed(key.fileobj)  # type: ignore[arg-type]
-                    continue
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    self.sel.unregister(key.fileobj)
+                elif not self._read(key):
                     readers -= 1
-                    continue
-                self.out[key.data] += chunk
                 if len(self.out[1]) + len(self.out[2]) > self.max_output:
                     return "output_limit"
-                if key.data == 1:
-                    self._scan()
+            if exited and not events:  # drained; what still holds the pipes is an orphan: the sweep gets it
+                break
         try:  # both pipes closed: the program is exiting
             self.proc.wait(max(0.0, self._deadline(start, timeout_s, steps) - time.monotonic()))
         except subprocess.TimeoutExpired:
             return "timeout"
         return "ok"
+
+    def _read(self, key: selectors.SelectorKey) -> bool:
+        """Read what one pipe has; False at its end."""
+        try:
+            chunk = os.read(key.fd, 65536)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            self.sel.unregister(key.fileobj)
+            return False
+        self.out[key.data] += chunk
+        if key.data == 1:
+            self._scan()
+        return True
 
     def _register(self, pipe: IO[bytes], tag: int, events: int) -> None:
         os.set_blocking(pipe.fileno(), False)

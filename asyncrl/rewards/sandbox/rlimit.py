@@ -11,6 +11,10 @@ left the process group included). Its cwd is a fresh temp dir, deleted afterward
 Does NOT contain: the network (a program can connect anywhere, 127.0.0.1 included), writes to
 world-writable places (/tmp, /dev/shm: RLIMIT_FSIZE caps one file, not the disk), reading files
 the world may read. Not root: no own uid, so no process cap, and the program can kill the worker.
+
+The own uid must be able to read the interpreter: when `sys.executable` lives under a directory
+others cannot enter (a pyenv under /root), the program runs on the system `python3` instead
+(stdlib only, no venv packages); when neither is readable, it runs without an own uid (warned).
 """
 
 from __future__ import annotations
@@ -38,6 +42,14 @@ class RlimitSandbox:
         global _warned
         self.cfg = cfg
         self.python = python
+        self.own_uid = True
+        if os.geteuid() == 0 and not readable_by_others(python):
+            system = shutil.which("python3", path="/usr/bin:/bin") or ""
+            self.own_uid = bool(system) and readable_by_others(system)
+            self.python = system if self.own_uid else python
+            if not self.own_uid:
+                log.warning("sandbox.backend=rlimit: %s is not readable by other users; programs run as "
+                            "root without a process cap", python)
         if not _warned:
             _warned = True
             log.warning("sandbox.backend=rlimit: model-written code runs with resource limits but WITHOUT "
@@ -48,7 +60,7 @@ class RlimitSandbox:
             step_timeouts_s: Sequence[float] = ()) -> RunResult:
         cwd = tempfile.mkdtemp(prefix="asyncrl-sandbox-")
         try:
-            with uid_slot() as uid:  # its exit kills the uid's leftovers: before the rmtree
+            with uid_slot(self.own_uid) as uid:  # its exit kills the uid's leftovers: before the rmtree
                 if uid >= 0:
                     os.chown(cwd, uid, uid)
                 argv = [self.python, "-I", "-c", BOOT, str(uid), program]
@@ -58,3 +70,17 @@ class RlimitSandbox:
                                    preexec=limiter(self.cfg, timeout_s, own_uid=uid >= 0))
         finally:
             shutil.rmtree(cwd, ignore_errors=True)
+
+
+def readable_by_others(path: str) -> bool:
+    """Can any user run `path` (every ancestor of its real path enterable, the file readable)?"""
+    real = os.path.realpath(path)
+    if not os.path.exists(real) or not os.stat(real).st_mode & 0o004:
+        return False
+    parent = os.path.dirname(real)
+    while True:
+        if not os.stat(parent).st_mode & 0o001:
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)

@@ -1,0 +1,196 @@
+"""Attacks on the sandbox: each is contained, scores as failure, and leaves the host intact.
+
+Runs for the bwrap backend (skipped only when bwrap is absent) and for rlimit where rlimit can
+contain the attack. The rlimit fallback's known limits, by design (see `sandbox/rlimit.py`): no
+network isolation (a program reaches 127.0.0.1) and no file-system isolation beyond the uid
+(world-writable dirs are writable); the uid-based containment (process cap, no writes to
+root-owned dirs, no signals to the worker, orphans swept) needs root, so those cases skip otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config_schema import SandboxConfig
+from asyncrl.rewards.code_exec import code_score, compute_code
+from asyncrl.rewards.sandbox import Sandbox, make_sandbox
+from asyncrl.rewards.sandbox.bwrap import available
+from asyncrl.rewards.sandbox.process import MAX_SLOTS, SLOT_UID_BASE
+
+CFG = SandboxConfig(memory_mb=512, tmp_mb=8, max_output_kb=64, max_processes=16)
+ONE = json.dumps({"fn_name": "f", "tests": [{"input": [1], "output": 4}, {"input": [2], "output": 7}]})
+ROOT = os.geteuid() == 0
+BACKENDS = [pytest.param("bwrap", marks=pytest.mark.skipif(not available(), reason="bwrap not installed")), "rlimit"]
+
+
+@pytest.fixture(params=BACKENDS)
+def sandbox(request: pytest.FixtureRequest) -> Sandbox:
+    return make_sandbox(SandboxConfig(**{**CFG.__dict__, "backend": request.param}))
+
+
+def score(sandbox: Sandbox, body: str, timeout_s: float = 1.0) -> dict[str, float]:
+    """Score a solution whose f returns the right answer only if the attack in `body` got through."""
+    start = time.monotonic()
+    result = code_score(f"```python\n{body}\n```", ONE, timeout_s, sandbox=sandbox)
+    assert time.monotonic() - start < 4 * timeout_s + 3.0  # never a hang
+    return result
+
+
+def slot_processes() -> list[int]:
+    """Processes still owned by any sandbox slot uid (there must be none after a run)."""
+    uids = range(SLOT_UID_BASE, SLOT_UID_BASE + MAX_SLOTS)
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid in uids:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def needs_root_for_rlimit(sandbox: Sandbox) -> None:
+    if sandbox.name == "rlimit" and not ROOT:
+        pytest.skip("rlimit contains this only when it can give the run a uid of its own (root)")
+
+
+def assert_host_intact(sandbox: Sandbox) -> None:
+    assert slot_processes() == []
+    result = score(sandbox, "def f(x):\n    return x*3+1")
+    assert result["score"] == 1.0, result
+
+
+def test_correct_and_wrong_through_compute_code() -> None:
+    good = compute_code("code", "```python\ndef f(x):\n    return x*3+1\n```", ONE, {})
+    wrong = compute_code("code", "```python\ndef f(x):\n    return x\n```", ONE, {"code_timeouts_s": [1.0, 1.0]})
+    assert (good["score"], good["acc"], wrong["score"], wrong["acc"]) == (1.0, 1.0, 0.0, 0.0)
+
+
+def test_fork_bomb(sandbox: Sandbox) -> None:
+    needs_root_for_rlimit(sandbox)
+    body = "import os\ndef f(x):\n    n = 0\n    for _ in range(500):\n        if os.fork() == 0:\n" \
+           "            import time; time.sleep(30)\n        n += 1\n    return x*3+1"
+    assert score(sandbox, body)["score"] == 0.0  # fork fails at max_processes: f raises
+    assert_host_intact(sandbox)
+
+
+def test_connect_to_host_listener(sandbox: Sandbox) -> None:
+    if sandbox.name == "rlimit":
+        pytest.skip("known limit: rlimit does not isolate the network")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        body = f"import socket\ndef f(x):\n    socket.create_connection(('127.0.0.1', {port}), timeout=0.5)\n" \
+               "    return x*3+1"
+        assert score(sandbox, body)["score"] == 0.0
+    assert_host_intact(sandbox)
+
+
+def test_write_outside_tmp(sandbox: Sandbox, tmp_path: Path) -> None:
+    needs_root_for_rlimit(sandbox)
+    target = tmp_path / "pwned"
+    os.chmod(tmp_path, 0o700)
+    body = f"def f(x):\n    open({str(target)!r}, 'w').write('x')\n    return x*3+1"
+    assert score(sandbox, body)["score"] == 0.0
+    assert not target.exists()
+    assert_host_intact(sandbox)
+
+
+def test_fill_memory(sandbox: Sandbox) -> None:
+    assert score(sandbox, "def f(x):\n    b = bytearray(2 << 30)\n    return x*3+1")["score"] == 0.0
+    assert_host_intact(sandbox)
+
+
+def test_fill_tmp(sandbox: Sandbox) -> None:
+    body = "def f(x):\n    with open('big', 'wb') as out:\n        for _ in range(64):\n" \
+           "            out.write(bytes(1 << 20))\n    return x*3+1"  # 64 MiB into an 8 MiB tmp
+    assert score(sandbox, body)["score"] == 0.0
+    assert_host_intact(sandbox)
+
+
+def test_endless_output(sandbox: Sandbox) -> None:
+    start = time.monotonic()
+    body = "import os\ndef f(x):\n    while True:\n        os.write(2, b'x' * 65536)"
+    result = score(sandbox, body, timeout_s=5.0)
+    assert result["score"] == 0.0 and time.monotonic() - start < 2.0  # the output cap, not the timeout
+    assert_host_intact(sandbox)
+
+
+def test_sleep_forever(sandbox: Sandbox) -> None:
+    result = score(sandbox, "import time\ndef f(x):\n    time.sleep(10**6)", timeout_s=0.3)
+    assert (result["score"], result["tests_timeout"]) == (0.0, 1.0)
+    assert_host_intact(sandbox)
+
+
+def test_orphan_process_is_killed(sandbox: Sandbox) -> None:
+    needs_root_for_rlimit(sandbox)
+    mark = f"987.{random.randrange(10**9)}"
+    body = f"import subprocess\ndef f(x):\n    subprocess.Popen(['sleep', '{mark}'], start_new_session=True)\n" \
+           "    return None"
+    assert score(sandbox, body)["score"] == 0.0
+    time.sleep(0.1)
+    survivors = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and mark.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                survivors.append(entry)
+        except OSError:
+            continue
+    assert survivors == []
+    assert_host_intact(sandbox)
+
+
+def test_parent_environment_is_hidden(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASYNCRL_TEST_SECRET", "s3cr3t-value")
+    body = "import os\ndef f(x):\n    seen = str(dict(os.environ))\n    try:\n" \
+           "        seen += open(f'/proc/{os.getppid()}/environ').read()\n    except OSError:\n        pass\n" \
+           "    return x*3+1 if 's3cr3t' in seen else None"
+    assert score(sandbox, body)["score"] == 0.0
+    assert_host_intact(sandbox)
+
+
+def test_killing_its_parent(sandbox: Sandbox) -> None:
+    needs_root_for_rlimit(sandbox)
+    body = "import os, signal\ndef f(x):\n    for pid in (os.getppid(), 1):\n        try:\n" \
+           "            os.kill(pid, signal.SIGKILL)\n        except OSError:\n            pass\n" \
+           "    os.kill(-1, signal.SIGKILL)"
+    assert score(sandbox, body)["score"] == 0.0
+    assert_host_intact(sandbox)  # we (the parent) are alive and the sandbox still works
+
+
+@pytest.mark.parametrize("body", ["import os\nos._exit(0)", "raise SystemExit(0)",
+                                  "import sys\nsys.stdout.write('garbage\\n' * 100)\nsys.exit(0)"])
+def test_exit_before_tests_run(sandbox: Sandbox, body: str) -> None:
+    assert score(sandbox, body + "\ndef f(x):\n    return x*3+1")["score"] == 0.0
+
+
+def test_forged_reports_are_judged_outside(sandbox: Sandbox) -> None:
+    """The program finds the harness's marker and claims every test passed: outputs decide, not claims."""
+    body = "import json, os, sys\nspec = sys._getframe(1).f_globals['spec']\nfor _ in spec['tests']:\n" \
+           "    os.write(3, (spec['marker'] + json.dumps({'out': 'true', 's': 0}) + '\\n').encode())\n" \
+           "def f(x):\n    return None"
+    assert score(sandbox, body)["score"] == 0.0
+
+
+def test_concurrent_correct_programs_never_fail(sandbox: Sandbox) -> None:
+    body = "import os\ndef f(x):\n    for _ in range(3):\n        pid = os.fork()\n        if pid == 0:\n" \
+           "            os._exit(0)\n        os.waitpid(pid, 0)\n    return x*3+1"
+    with ThreadPoolExecutor(4) as pool:
+        scores = list(pool.map(lambda _: score(sandbox, body, timeout_s=10.0)["score"], range(40)))
+    assert scores == [1.0] * 40
+
+
+@pytest.fixture
+def _no_slots_left() -> Iterator[None]:
+    yield
+    assert slot_processes() == []
