@@ -250,11 +250,11 @@ class AsyncTrainingConfig:
 @dataclass(frozen=True)
 class TailBatchingConfig:
     enable: bool = False
-    """Tail batching (RollPacker): short rounds speculate, keep the first finishers and queue the longest prompts for a long round (colocated, one_step_off)."""
+    """Tail batching (RollPacker): speculative short rounds queue the longest prompts for long rounds."""
     prompt_speculation: float = 1.25
-    """Short rounds launch ceil(this x data.train_batch_size) prompts; the first train_batch_size to finish are trained, the rest queued."""
+    """Short rounds launch ceil(this x train_batch_size) prompts; the first train_batch_size done are trained."""
     response_speculation: float = 1.25
-    """Short rounds sample ceil(this x rollout.n) responses per prompt; the first rollout.n to finish are kept, the rest aborted."""
+    """Short rounds sample ceil(this x rollout.n) responses per prompt; the first rollout.n to finish are kept."""
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ class RewardSchedulerConfig:
 @dataclass(frozen=True)
 class SandboxConfig:
     backend: str = "auto"
-    """Where model-written code runs: auto (bwrap when installed, else rlimit with a warning) | bwrap | rlimit | http."""
+    """Where model-written code runs: auto (bwrap if installed, else rlimit with a warning) | bwrap | rlimit | http."""
     url: str = ""
     """http backend: SandboxFusion's run_code endpoint, e.g. http://sandbox:8080/run_code."""
     memory_mb: int = 1024
@@ -288,7 +288,7 @@ class SandboxConfig:
 @dataclass(frozen=True)
 class StreamTrainerConfig:
     enable: bool = False
-    """Colocated: log-probs and gradients of finished groups while the rest generate; one optimizer step when the batch is in."""
+    """Colocated: gradients of finished groups while the rest generate; one optimizer step per batch."""
     min_done: float = 0.2
     """The trigger is checked once this fraction of the batch's prompts is done ..."""
     max_done: float = 0.5

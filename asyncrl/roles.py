@@ -113,11 +113,15 @@ class RolloutSide(WeightSink, Protocol):
     """A rollout host: engines + reward workers; turns prompts into scored groups."""
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
-                              score: bool = True, partials: Sequence[Trajectory] = ()) -> Group:
+                              score: bool = True, partials: Sequence[Trajectory] = (),
+                              keep: int = 0) -> Group:
         """The n responses to `row` (request ids `{uid}/{i}`), scored once the last one is done.
         A response aborted through `abort` comes back with finish_reason "aborted", unscored.
         `partials`: this group's responses from a stopped run (its checkpoint): a finished one
-        is kept, an aborted one continues from its tokens, log-probs and versions."""
+        is kept, an aborted one continues from its tokens, log-probs and versions.
+        `keep` > 0 (tail batching): the group is done once `keep` responses finished; the others
+        are aborted and come back after the kept ones as "aborted" (a response that finished in
+        the same step as the last kept one too), so `unaborted()` is exactly the first `keep`."""
         ...
 
     async def score(self, groups: list[Group]) -> list[Group]:

@@ -17,7 +17,8 @@ import asyncio
 
 from asyncrl.pipelines.common import after_step, guarded, start, train, validate_before_training
 from asyncrl.pipelines.setup import RunContext
-from asyncrl.telemetry.metrics import timer
+from asyncrl.pipelines.tail_rounds import TailRounds
+from asyncrl.telemetry.metrics import reward_overlap_metrics, timer
 from asyncrl.types import Group, PromptRow
 
 
@@ -27,23 +28,47 @@ async def run(ctx: RunContext) -> int:
 
 
 async def _loop(ctx: RunContext) -> int:
-    step, _ = await start(ctx)
+    rounds = TailRounds(ctx) if ctx.cfg.tail_batching.enable else None
+    if rounds is not None:
+        ctx.pipeline_state = rounds.state
+    step, state = await start(ctx)
+    if rounds is not None:
+        rounds.restore(ctx, state)
     await validate_before_training(ctx, step)
     while step < ctx.cfg.trainer.total_training_steps:
         step += 1
-        await train_one_step(ctx, step)
+        await train_one_step(ctx, step, rounds)
     return step
 
 
-async def train_one_step(ctx: RunContext, step: int) -> None:
+async def train_one_step(ctx: RunContext, step: int, rounds: TailRounds | None = None) -> None:
     metrics: dict[str, float] = {}
     with timer("step", metrics):
-        groups, filtered = await ctx.stop.race(generate_batch(ctx, step, metrics))
+        filtered: list[Group] = []
+        if rounds is not None:
+            groups = await ctx.stop.race(generate_tail_batch(ctx, rounds, step, metrics))
+        else:
+            groups, filtered = await ctx.stop.race(generate_batch(ctx, step, metrics))
         metrics |= await train(ctx, groups, step, consumed=[g.row for g in filtered])
         if groups:
             with ctx.trace.span("sync", "sync", step=step):
                 metrics |= await ctx.synchronizer.sync()
     await after_step(ctx, step, metrics, groups)
+
+
+def scored_on_rollout(ctx: RunContext) -> bool:
+    """Whether groups are scored on the rollout side as they finish (the reward scheduler, or the
+    stream trainer, which trains a group as soon as it is in) rather than in a reward phase."""
+    return ctx.cfg.reward_scheduler.enable or ctx.cfg.stream_trainer.enable
+
+
+async def generate_tail_batch(ctx: RunContext, rounds: TailRounds, step: int,
+                              metrics: dict[str, float]) -> list[Group]:
+    """Tail batching: this step's groups from a short or a long round."""
+    streamed = scored_on_rollout(ctx)
+    with timer("gen", metrics):
+        groups = await rounds.run(ctx, f"@{step}", streamed, metrics)
+    return await _rewards(ctx, groups, streamed, metrics)
 
 
 async def generate_batch(ctx: RunContext, step: int, metrics: dict[str, float]) -> tuple[list[Group], list[Group]]:
@@ -67,15 +92,23 @@ async def generate_batch(ctx: RunContext, step: int, metrics: dict[str, float]) 
 
 async def generate_scored(ctx: RunContext, rows: list[PromptRow], suffix: str,
                           metrics: dict[str, float]) -> list[Group]:
-    n = ctx.cfg.rollout.n
+    n, streamed = ctx.cfg.rollout.n, scored_on_rollout(ctx)
     with timer("gen", metrics):
         groups = await asyncio.gather(*(
-            ctx.rollout.generate_scored(r, n, r.uid + suffix, "train", False) for r in rows))
-    with timer("reward", metrics):
-        groups = await ctx.rollout.score(list(groups))
+            ctx.rollout.generate_scored(r, n, r.uid + suffix, "train", streamed) for r in rows))
+    groups = await _rewards(ctx, list(groups), streamed, metrics)
     if ctx.cfg.algorithm.adv_estimator == "remax":
         await _remax_baselines(ctx, groups, suffix, metrics)
     return groups
+
+
+async def _rewards(ctx: RunContext, groups: list[Group], streamed: bool, metrics: dict[str, float]) -> list[Group]:
+    """The reward phase after generation, or (scored as they finished) how much of it was hidden."""
+    if streamed:
+        metrics |= reward_overlap_metrics(groups)
+        return groups
+    with timer("reward", metrics):
+        return await ctx.rollout.score(groups)
 
 
 async def _remax_baselines(ctx: RunContext, groups: list[Group], suffix: str, metrics: dict[str, float]) -> None:

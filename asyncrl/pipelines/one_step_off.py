@@ -18,7 +18,8 @@ and the resumed run generates them again first, under the checkpoint's weights.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from asyncrl.pipelines.common import (
     after_step,
@@ -30,9 +31,10 @@ from asyncrl.pipelines.common import (
     validate_before_training,
 )
 from asyncrl.pipelines.setup import RunContext
+from asyncrl.pipelines.tail_rounds import TailRounds
 from asyncrl.telemetry import clock
 from asyncrl.telemetry.metrics import timer
-from asyncrl.types import Group, PromptRow
+from asyncrl.types import Group
 
 Batch = tuple[list[Group], float]
 
@@ -42,11 +44,13 @@ async def run(ctx: RunContext) -> int:
 
 
 async def _loop(ctx: RunContext) -> int:
-    batch = NextBatch()
+    batch = NextBatch(TailRounds(ctx) if ctx.cfg.tail_batching.enable else None)
     ctx.pipeline_state = batch.state
     step, state = await start(ctx)
+    if batch.rounds is not None:
+        batch.rounds.restore(ctx, state)
     await validate_before_training(ctx, step)
-    batch.task = restored(ctx, state["batch"]) if state else launch(ctx, ctx.prompts.next_batch(), step + 1)
+    batch.task = restored(ctx, state["batch"]) if state.get("batch") else launch(ctx, batch, step + 1)
     try:
         while step < ctx.cfg.trainer.total_training_steps and batch.task is not None:
             step += 1
@@ -61,12 +65,17 @@ async def _loop(ctx: RunContext) -> int:
 class NextBatch:
     """The batch generated while the trainer trains; a checkpoint holds it once finished."""
 
+    rounds: TailRounds | None = None
+    """Tail batching: each batch is a short or a long round, and its long-prompt queue."""
+    round_metrics: dict[str, float] = field(default_factory=dict)
+    """The metrics of the round that made the batch in flight."""
     task: asyncio.Future[Batch] | None = None
 
-    def state(self) -> dict[str, list[Group]]:
+    def state(self) -> dict[str, Any]:
         t = self.task
         finished = t is not None and t.done() and not t.cancelled() and t.exception() is None
-        return {"batch": t.result()[0]} if t is not None and finished else {}
+        held = {"batch": t.result()[0]} if t is not None and finished else {}
+        return held | (self.rounds.state() if self.rounds is not None else {})
 
 
 def restored(ctx: RunContext, groups: list[Group]) -> asyncio.Future[Batch]:
@@ -87,12 +96,13 @@ async def train_one_step(ctx: RunContext, step: int, batch: NextBatch) -> None:
         with timer("wait_prev_gen", metrics):
             groups, gen_s = await ctx.stop.race(batch.task)
         batch.task = None
+        metrics |= batch.round_metrics
         metrics["timing_s/generate_sequences"] = gen_s
         if ctx.synchronizer.behind:
             with ctx.trace.span("sync", "sync", version=ctx.synchronizer.version + 1):
                 metrics |= await ctx.synchronizer.sync()
         if step < ctx.cfg.trainer.total_training_steps:
-            batch.task = launch(ctx, ctx.prompts.next_batch(), step + 1)
+            batch.task = launch(ctx, batch, step + 1)
         with timer("train", metrics):
             metrics |= await train(ctx, groups, step)
         if batch.task is not None and due(step, ctx.cfg.trainer.save_freq, ctx.total_steps):
@@ -102,14 +112,18 @@ async def train_one_step(ctx: RunContext, step: int, batch: NextBatch) -> None:
     await after_step(ctx, step, metrics, groups)
 
 
-def launch(ctx: RunContext, rows: list[PromptRow], step: int) -> asyncio.Task[Batch]:
-    """Start generating (and scoring) a batch in the background."""
+def launch(ctx: RunContext, batch: NextBatch, step: int) -> asyncio.Task[Batch]:
+    """Start generating (and scoring) batch `step` in the background: the next train_batch_size
+    prompts, or with tail batching a short or long round (its metrics join the step's)."""
     async def generate() -> Batch:
         start = clock.now()
-        n = ctx.cfg.rollout.n
-        groups = await asyncio.gather(*(
-            ctx.rollout.generate_scored(r, n, f"{r.uid}@{step}") for r in rows))
-        return list(groups), clock.now() - start
+        if batch.rounds is not None:
+            batch.round_metrics = {}
+            groups = await batch.rounds.run(ctx, f"@{step}", True, batch.round_metrics)
+        else:
+            n = ctx.cfg.rollout.n
+            groups = list(await asyncio.gather(*(
+                ctx.rollout.generate_scored(r, n, f"{r.uid}@{step}") for r in ctx.prompts.next_batch())))
+        return groups, clock.now() - start
 
     return asyncio.create_task(generate())
-

@@ -51,14 +51,15 @@ class RolloutRouter:
         self._waiting_for_sync: set[int] = set()
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
-                              score: bool = True, partials: Sequence[Trajectory] = ()) -> Group:
+                              score: bool = True, partials: Sequence[Trajectory] = (),
+                              keep: int = 0) -> Group:
         while True:
             i = self._pick()
             restarts_seen = self._restarts[i]
             self._in_flight[i] += 1
             self._owner[uid] = i
             try:
-                return await self.workers[i].generate_scored(row, n, uid, mode, score, partials)
+                return await self.workers[i].generate_scored(row, n, uid, mode, score, partials, keep)
             except WorkerDied:
                 if not self._restarted(i, restarts_seen):
                     raise

@@ -54,11 +54,14 @@ class SimRolloutServer:
         return self.engine.model.version
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
-                              score: bool = True, partials: Sequence[Trajectory] = ()) -> Group:
+                              score: bool = True, partials: Sequence[Trajectory] = (),
+                              keep: int = 0) -> Group:
+        assert not (keep and partials), "tail batching never continues a stopped run's responses"
         self._groups += 1
         spec = GroupSpec(self._groups, len(row.prompt_ids), self.cfg.data.max_response_length,
                          asyncio.get_running_loop().time())
         lengths = self.workload.response_lengths(row, self.version, n)
+        cut = _cut_by_keep(lengths, keep)
         kept, todo, lengths = _continue_partials(partials, lengths)
         self._in_flight[uid] = spec
         try:
@@ -70,11 +73,23 @@ class SimRolloutServer:
             before = dict(todo)
             trajectories = kept + [_after(before[_index(t)], t) for t in trajectories]
             self.partial_continuations += sum(1 for b in before.values() if b is not None)
+        if cut:
+            trajectories = _keep_first(trajectories, cut)
         group = Group(uid=uid, row=row, trajectories=trajectories)
         done = group.unaborted()
         if score and done.trajectories:
-            await self.score([done])
+            await (self._score_streamed(done) if self.cfg.reward_scheduler.enable else self.score([done]))
         return group
+
+    async def _score_streamed(self, group: Group) -> None:
+        """Reward scheduler: each response was scored as it finished, hidden behind the others'
+        generation; only the last one's reward is still to wait for."""
+        await asyncio.sleep(self._reward_s)
+        end = asyncio.get_running_loop().time()
+        for t, reward in zip(group.trajectories, self.workload.rewards(len(group.trajectories))):
+            t.reward = reward
+            t.timings["reward_start"] = t.timings["gen_end"]
+            t.timings["reward_end"] = min(t.timings["gen_end"] + self._reward_s, end)
 
     def _trajectories(self, finished: Sequence[Finished], spec: GroupSpec, uid: str,
                       row: PromptRow | None) -> list[Trajectory]:
@@ -139,6 +154,25 @@ class SimRolloutServer:
 
 
 Placeholders = dict[Runs, tuple[RunLength[int], RunLength[float], RunLength[int]]]
+
+
+def _cut_by_keep(lengths: list[int], keep: int) -> set[int]:
+    """Tail batching's `keep`: the responses past the first `keep` to finish (shortest first;
+    they decode in lockstep). Each is cut to the last kept one's length, where it is aborted."""
+    if not keep or keep >= len(lengths):
+        return set()
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    last = lengths[order[keep - 1]]
+    cut = set(order[keep:])
+    for i in cut:
+        lengths[i] = last
+    return cut
+
+
+def _keep_first(trajectories: list[Trajectory], cut: set[int]) -> list[Trajectory]:
+    kept = [t for t in trajectories if _index(t) not in cut]
+    dropped = sorted((t for t in trajectories if _index(t) in cut), key=_index)
+    return kept + [dataclasses.replace(t, finish_reason="aborted", reward_status="aborted") for t in dropped]
 
 
 def _index(t: Trajectory) -> int:

@@ -51,3 +51,16 @@ def masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[
     """Mean/max/min of `values` over the tokens where mask is set."""
     return _stats(prefix, values[mask.bool()])
 
+
+
+def reward_overlap_metrics(groups: Sequence[Group]) -> dict[str, float]:
+    """Rewards scored while generation went on (the reward scheduler): `timing_s/reward` is the
+    reward time still waited for after the last response finished, `reward/hidden_ratio` the
+    share of responses scored before it finished."""
+    trajs = [t for g in groups for t in g.trajectories if "reward_end" in t.timings]
+    if not trajs:
+        return {}
+    gen_end = max(t.timings["gen_end"] for t in trajs)
+    reward_end = max(t.timings["reward_end"] for t in trajs)
+    return {"timing_s/reward": max(reward_end - gen_end, 0.0),
+            "reward/hidden_ratio": sum(t.timings["reward_end"] <= gen_end for t in trajs) / len(trajs)}

@@ -25,7 +25,8 @@ from asyncrl.workers.rollout import RequestBuilder
 
 
 class RolloutServer:
-    def __init__(self, engine: Engine, requests: RequestBuilder, reward: RewardWorker) -> None:
+    def __init__(self, engine: Engine, requests: RequestBuilder, reward: RewardWorker,
+                 score_each: bool = False) -> None:
         self.engine = engine
         self.requests = requests
         self.reward = reward
@@ -38,22 +39,70 @@ class RolloutServer:
         self._parked: dict[str, Trajectory] = {}
         """Interrupted requests waiting for `resume`, with their partial trajectories."""
         self.partial_continuations = 0
+        self.score_each = score_each
+        """Reward scheduler: score each response as soon as it finishes (else each group at its end)."""
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
-                              score: bool = True, partials: Sequence[Trajectory] = ()) -> Group:
-        """The group of n responses to `row`, scored as soon as the last one finishes; responses
-        of a stopped run (`partials`) are kept if finished, else continued."""
+                              score: bool = True, partials: Sequence[Trajectory] = (),
+                              keep: int = 0) -> Group:
+        """The group of n responses to `row`, scored as soon as the last one finishes (with
+        `score_each`, each as soon as it finishes); responses of a stopped run (`partials`) are
+        kept if finished, else continued; `keep` > 0: done at the first `keep` finishers."""
         earlier = {t.request_id: t for t in partials}
-        trajectories = await asyncio.gather(*(self._resume_or_sample(r, earlier.get(r.request_id))
-                                              for r in self.requests.group(row, n, uid, mode)))
+        scoring: dict[str, asyncio.Task[None]] = {}
+        requests = self.requests.group(row, n, uid, mode)
+        tasks = [asyncio.ensure_future(self._generate(r, earlier.get(r.request_id), row, score, scoring))
+                 for r in requests]
+        try:
+            trajectories = await (self._first(tasks, [r.request_id for r in requests], keep) if keep
+                                  else asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
         group = Group(uid=uid, row=row, trajectories=list(trajectories))
         for t in group.trajectories:
             if t.finish_reason == "aborted":
                 t.reward_status = "aborted"
         finished = group.unaborted()
         if score and finished.trajectories:
-            await self.score([finished])
+            await self._scored(finished, scoring)
         return group
+
+    async def _generate(self, request: GenerationRequest, earlier: Trajectory | None, row: PromptRow,
+                        score: bool, scoring: dict[str, asyncio.Task[None]]) -> Trajectory:
+        traj = await self._resume_or_sample(request, earlier)
+        if score and self.score_each and traj.finish_reason != "aborted":  # while the others generate
+            scoring[traj.request_id] = asyncio.create_task(self._score_one(row, traj))
+        return traj
+
+    async def _first(self, tasks: Sequence[asyncio.Future[Trajectory]], ids: list[str], keep: int) -> list[Trajectory]:
+        """The first `keep` responses to finish, then the others aborted (in request order)."""
+        kept: list[Trajectory] = []
+        cut: list[Trajectory] = []
+        pending = set(tasks)
+        while pending and len(kept) < keep:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for traj in (t.result() for t in tasks if t in done):
+                (kept if traj.finish_reason != "aborted" and len(kept) < keep else cut).append(traj)
+        if pending:
+            await self.abort([rid for t, rid in zip(tasks, ids) if t in pending])
+            cut += await asyncio.gather(*(t for t in tasks if t in pending))
+        order = {rid: i for i, rid in enumerate(ids)}
+        return kept + [t if t.finish_reason == "aborted" else dataclasses.replace(t, finish_reason="aborted")
+                       for t in sorted(cut, key=lambda t: order[t.request_id])]
+
+    async def _scored(self, group: Group, scoring: dict[str, asyncio.Task[None]]) -> None:
+        if not self.score_each:
+            await self.score([group])
+            return
+        await asyncio.gather(*(scoring[t.request_id] for t in group.trajectories))
+        for rid in scoring.keys() - {t.request_id for t in group.trajectories}:
+            scoring[rid].cancel()  # a finisher cut by `keep`: its score is not needed
+
+    async def _score_one(self, row: PromptRow, traj: Trajectory) -> None:
+        start = clock.now()
+        await asyncio.to_thread(self.reward.score, [row], [traj])
+        traj.timings |= {"reward_start": start, "reward_end": clock.now()}
 
     async def score(self, groups: list[Group]) -> list[Group]:
         """Rewards in the reward process pool (waited for on a thread), so the engine keeps stepping."""
