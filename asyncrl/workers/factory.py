@@ -64,7 +64,7 @@ def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | N
                           device=cfg.trainer.device, seed=cfg.seed + index)
     requests = RequestBuilder(cfg.rollout, max_tokens=cfg.data.max_response_length, seed=cfg.seed)
     reward = RewardWorker(tok, cfg.reward, window=cfg.data.train_batch_size * cfg.rollout.n)
-    return RolloutServer(engine, requests, reward)
+    return RolloutServer(engine, requests, reward, score_each=cfg.reward_scheduler.enable)
 
 
 def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
