@@ -63,7 +63,8 @@ def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | N
     engine = build_engine(cfg.rollout, copy.deepcopy(model).eval(), eos_ids(model, tok),
                           device=cfg.trainer.device, seed=cfg.seed + index)
     requests = RequestBuilder(cfg.rollout, max_tokens=cfg.data.max_response_length, seed=cfg.seed)
-    reward = RewardWorker(tok, cfg.reward, window=cfg.data.train_batch_size * cfg.rollout.n)
+    reward = RewardWorker(tok, cfg.reward, window=cfg.data.train_batch_size * cfg.rollout.n, sandbox=cfg.sandbox,
+                          scheduler=cfg.reward_scheduler)
     return RolloutServer(engine, requests, reward, score_each=cfg.reward_scheduler.enable)
 
 

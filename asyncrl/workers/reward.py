@@ -7,19 +7,28 @@ any generation. Each call then runs in a worker process
 function scores 0 with a status and a counter, never a crashed step. But a run whose rewards mostly
 fail learns nothing, so once more than `reward.max_failure_ratio` of the last `window` scored
 responses failed (about one step's worth), `score` raises `RewardError` naming the failure.
+
+Code rewards run model-written programs in the `sandbox` section's sandbox (handed to the pool's
+processes). With `reward_scheduler.enable`, this worker owns RollPacker's `AdaptiveTimeout`: before
+scoring it puts per-test timeouts (keyed by row uid and test index) into each code row's
+`extra_info["code_timeouts_s"]`, and afterwards feeds the per-test times of passing tests back
+as anchors; `reward/code_timeout_s_mean` reports the mean timeout over the anchored cases.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from asyncrl.config_schema import RewardConfig
+from asyncrl.config_schema import RewardConfig, RewardSchedulerConfig, SandboxConfig
 from asyncrl.errors import ConfigError, RewardError
 from asyncrl.rewards import RewardPool, RewardResult, RewardStats, check_signature, resolve_reward_fn, score_batch
+from asyncrl.rewards.code_exec import CODE_SOURCES, count_tests
+from asyncrl.scheduling.adaptive_timeout import AdaptiveTimeout
 from asyncrl.types import Group, PromptRow, Trajectory
 
 DEFAULT_WINDOW = 64
@@ -30,7 +39,8 @@ _PLURAL = {"error": "errors", "timeout": "timeouts", "invalid": "invalid"}
 class RewardWorker:
     """Thread-safe: `score` may run in several threads at once. `close()` ends its processes."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, cfg: RewardConfig, window: int = DEFAULT_WINDOW) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, cfg: RewardConfig, window: int = DEFAULT_WINDOW,
+                 sandbox: SandboxConfig | None = None, scheduler: RewardSchedulerConfig | None = None) -> None:
         if cfg.num_workers < 1 or cfg.timeout_s <= 0:
             raise ConfigError(f"reward.num_workers must be >= 1 and reward.timeout_s > 0, got "
                               f"{cfg.num_workers} and {cfg.timeout_s}")
@@ -38,7 +48,8 @@ class RewardWorker:
         self.cfg = cfg
         self.stats = RewardStats()
         self.failures = FailureWindow(cfg.max_failure_ratio, window)
-        self.pool = RewardPool(cfg.num_workers, cfg.timeout_s, cfg.custom_function)
+        self.pool = RewardPool(cfg.num_workers, cfg.timeout_s, cfg.custom_function, sandbox)
+        self.code_timeouts = CodeTimeouts(scheduler) if scheduler is not None and scheduler.enable else None
 
     def check(self, rows: Iterable[PromptRow]) -> None:
         """Resolve and signature-check every data source's function now (ConfigError if wrong)."""
@@ -51,10 +62,14 @@ class RewardWorker:
         Raises RewardError (after setting them) when too many recent rewards failed.
         """
         texts = self.tokenizer.batch_decode([list(t.response_ids) for t in trajectories], skip_special_tokens=True)
+        if self.code_timeouts is not None:
+            rows = [self.code_timeouts.attach(r) for r in rows]
         results = score_batch(rows, texts, pool=self.pool, stats=self.stats)
-        for traj, result in zip(trajectories, results):
+        for row, traj, result in zip(rows, trajectories, results):
+            if self.code_timeouts is not None:
+                self.code_timeouts.learn(row, result)
             traj.reward = result.score
-            traj.reward_details = dict(result.details)
+            traj.reward_details = {k: v for k, v in result.details.items() if not k.startswith(PER_TEST)}
             traj.reward_status = result.status
         self.failures.add([r.data_source for r in rows], results)
 
@@ -63,11 +78,52 @@ class RewardWorker:
         self.score(rows, [t for g in groups for t in g.trajectories])
 
     def metrics(self) -> dict[str, float]:
-        return self.stats.metrics()
+        metrics = self.stats.metrics()
+        if self.code_timeouts is not None:
+            metrics.update(self.code_timeouts.metrics())
+        return metrics
 
     def close(self) -> None:
         """Kill the reward processes (a later `score` is a programmer error)."""
         self.pool.close()
+
+
+PER_TEST = ("test_pass/", "test_s/")
+"""Per-test details of the code scorer: consumed here, not kept on trajectories."""
+
+
+class CodeTimeouts:
+    """The parent side of the adaptive code timeout: thread-safe wrapper of `AdaptiveTimeout`."""
+
+    def __init__(self, cfg: RewardSchedulerConfig) -> None:
+        self.policy = AdaptiveTimeout(cfg.timeout_lambda, cfg.min_timeout_s, cfg.max_timeout_s)
+        self._tests: dict[str, int] = {}  # ground truth -> number of tests
+        self._lock = threading.Lock()
+
+    def attach(self, row: PromptRow) -> PromptRow:
+        """`row` with one timeout per test in extra_info["code_timeouts_s"] (code data sources only)."""
+        if row.data_source not in CODE_SOURCES:
+            return row
+        with self._lock:
+            n = self._tests.setdefault(row.ground_truth, count_tests(row.ground_truth))
+            timeouts = [self.policy.timeout((row.uid, i)) for i in range(n)]
+        return dataclasses.replace(row, extra_info={**row.extra_info, "code_timeouts_s": timeouts}) if n else row
+
+    def learn(self, row: PromptRow, result: RewardResult) -> None:
+        """Anchor each passing test's measured time (a failed call teaches nothing)."""
+        if row.data_source not in CODE_SOURCES or result.status != "ok":
+            return
+        with self._lock:
+            i = 0
+            while f"test_pass/{i}" in result.details:
+                self.policy.update((row.uid, i), result.details.get(f"test_s/{i}", 0.0),
+                                   result.details[f"test_pass/{i}"] == 1.0)
+                i += 1
+
+    def metrics(self) -> dict[str, float]:
+        with self._lock:
+            return {"reward/code_timeout_s_mean": self.policy.mean_timeout(),
+                    "reward/code_timeout_cases": float(len(self.policy.anchors))}
 
 
 class FailureWindow:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config_schema import RewardConfig
+from asyncrl.config_schema import RewardConfig, RewardSchedulerConfig, SandboxConfig
 from asyncrl.errors import ConfigError, RewardError
 from asyncrl.rewards import RewardResult
 from asyncrl.types import Group, PromptRow, Trajectory
@@ -128,3 +128,42 @@ def test_window_judges_one_large_call_whole() -> None:
     window.add(["a", "b", "c", "d"], [result("invalid", "I"), result("ok"), result("ok"), result("ok")])  # 1 of 4
     with pytest.raises(RewardError, match=r"2 of 4 recent .*data source 'a', 'b'\)"):
         window.add(["a", "b", "c", "d"], [result("invalid", "I"), result("error", "E"), result("ok"), result("ok")])
+
+
+CODE = ('{"fn_name": "f", "tests": [{"input": [1], "output": 4}, {"input": [2], "output": 7}]}')
+PROGRAMS = ("```python\ndef f(x):\n    return x*3+1\n```", "```python\ndef f(x):\n    return 0\n```")
+
+
+class ProgramTokenizer:
+    """Decodes token i to PROGRAMS[i]."""
+
+    def batch_decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        return [PROGRAMS[seq[0]] for seq in ids]
+
+
+def test_adaptive_code_timeouts_learn_from_passing_tests() -> None:
+    scheduler = RewardSchedulerConfig(enable=True, timeout_lambda=1.5, min_timeout_s=2.0, max_timeout_s=30.0)
+    w = RewardWorker(ProgramTokenizer(), RewardConfig(num_workers=1), sandbox=SandboxConfig(), scheduler=scheduler)
+    row = PromptRow(uid="c", data_source="code", messages=(), ground_truth=CODE)
+    try:
+        assert w.metrics()["reward/code_timeout_s_mean"] == 30.0  # no correct run yet: max_timeout_s
+        assert w.code_timeouts is not None and w.code_timeouts.attach(row).extra_info["code_timeouts_s"] == [30.0] * 2
+        wrong = Trajectory("r", (1,), (1,), (0.0,), (0,), "stop")
+        w.score([row], [wrong])
+        assert wrong.reward == 0.0 and w.metrics()["reward/code_timeout_cases"] == 0.0  # wrong answers teach nothing
+        right = Trajectory("r", (1,), (0,), (0.0,), (0,), "stop")
+        w.score([row], [right])
+        assert right.reward == 1.0 and not any(k.startswith("test_") for k in right.reward_details)
+        assert w.metrics()["reward/code_timeout_cases"] == 2.0
+        assert w.metrics()["reward/code_timeout_s_mean"] == 2.0  # 1.5 x a few ms, clamped up to min_timeout_s
+        assert w.code_timeouts.attach(row).extra_info["code_timeouts_s"] == [2.0, 2.0]
+    finally:
+        w.close()
+
+
+def test_scheduler_off_leaves_rows_alone() -> None:
+    w = RewardWorker(ProgramTokenizer(), RewardConfig(num_workers=1))
+    try:
+        assert w.code_timeouts is None and "reward/code_timeout_s_mean" not in w.metrics()
+    finally:
+        w.close()

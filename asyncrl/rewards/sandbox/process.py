@@ -70,7 +70,10 @@ def uid_slot(wanted: bool = True) -> Iterator[int]:
 
 
 def sweep_uid(uid: int, limit_s: float = 2.0) -> None:
-    """SIGKILL every process owned by `uid` until none is left (a fork bomb is capped by NPROC)."""
+    """SIGKILL every live process owned by `uid` until none is left (a fork bomb is capped by NPROC).
+
+    Zombies are left to their reaper (init); until reaped they still count against the slot's
+    RLIMIT_NPROC, which is why a run's process cap is a little soft after a fork bomb."""
     deadline = time.monotonic() + limit_s
     while True:
         pids = _pids_of(uid)
@@ -89,11 +92,17 @@ def _pids_of(uid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
+                if os.stat(f"/proc/{entry}").st_uid == uid and not is_zombie(entry):
                     found.append(int(entry))
             except OSError:
                 continue
     return found
+
+
+def is_zombie(pid: str) -> bool:
+    """Dead, waiting for its new parent (pid 1 here) to reap it: nothing left to kill."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0] == "Z"
 
 
 def run_process(argv: Sequence[str], stdin: str, timeout_s: float, *, marker: str, step_timeouts_s: Sequence[float],
