@@ -11,6 +11,12 @@ PY="${ASYNCRL_PYTHON:-python3}"
 cmd="${1:-train}"; shift || true
 venv=.venv; extras=test
 if [ "$cmd" = bench ]; then venv=.venv-bench; extras=test,bench; fi
+# bubblewrap sandboxes model-written code (sandbox.backend=auto); without it the rlimit fallback runs
+if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 &&
+     apt-get install -y -q bubblewrap >/dev/null 2>&1; }) ||
+    echo "run.sh: warning: could not install bubblewrap; code rewards use the weaker rlimit sandbox" >&2
+fi
 stamp="$venv/.installed-$(sha256sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "run.sh: installing into $venv (one time) ..." >&2
