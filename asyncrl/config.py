@@ -376,6 +376,9 @@ def _long_tail_rules(cfg: Config) -> None:
     if s.enable and cfg.pipeline != "colocated":
         raise ConfigError(f"stream_trainer.enable runs with pipeline=colocated, not {cfg.pipeline}; "
                           "set stream_trainer.enable=false")
+    if s.enable and cfg.algorithm.filter_groups.enable:
+        raise ConfigError("stream_trainer.enable trains groups before the batch is chosen, which "
+                          "algorithm.filter_groups.enable (dynamic sampling) does afterwards: set one of them to false")
     a = cfg.actor
     if s.enable and (a.ppo_epochs != 1 or a.ppo_mini_batch_size != cfg.data.train_batch_size):
         raise ConfigError("stream_trainer.enable makes one optimizer step per batch: set actor.ppo_epochs=1 and "

@@ -14,10 +14,14 @@ old log-probs recomputed by the actor, DAPO dynamic sampling optional
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from asyncrl.pipelines.common import after_step, guarded, start, train, validate_before_training
+from asyncrl.pipelines.planning import Planner
 from asyncrl.pipelines.setup import RunContext
-from asyncrl.pipelines.tail_rounds import TailRounds
+from asyncrl.pipelines.streaming import StreamFeeder
+from asyncrl.pipelines.tail_rounds import OnGroup, TailRounds
+from asyncrl.scheduling.stream_trigger import StreamTrigger
 from asyncrl.telemetry.metrics import reward_overlap_metrics, timer
 from asyncrl.types import Group, PromptRow
 
@@ -27,32 +31,59 @@ async def run(ctx: RunContext) -> int:
     return await guarded(ctx, _loop(ctx))
 
 
+@dataclass
+class Remedies:
+    """The long-tail remedies this run has on (SPEC §4); each is None when off."""
+
+    rounds: TailRounds | None = None
+    trigger: StreamTrigger | None = None
+    planner: Planner | None = None
+
+    @classmethod
+    def of(cls, ctx: RunContext) -> Remedies:
+        s = ctx.cfg.stream_trainer
+        return cls(TailRounds(ctx) if ctx.cfg.tail_batching.enable else None,
+                   StreamTrigger(s.min_done, s.max_done, s.check_every) if s.enable else None,
+                   Planner.from_config(ctx.cfg, ctx.log))
+
+
 async def _loop(ctx: RunContext) -> int:
-    rounds = TailRounds(ctx) if ctx.cfg.tail_batching.enable else None
-    if rounds is not None:
-        ctx.pipeline_state = rounds.state
+    remedies = Remedies.of(ctx)
+    if remedies.rounds is not None:
+        ctx.pipeline_state = remedies.rounds.state
     step, state = await start(ctx)
-    if rounds is not None:
-        rounds.restore(ctx, state)
+    if remedies.rounds is not None:
+        remedies.rounds.restore(ctx, state)
     await validate_before_training(ctx, step)
     while step < ctx.cfg.trainer.total_training_steps:
         step += 1
-        await train_one_step(ctx, step, rounds)
+        await train_one_step(ctx, step, remedies)
     return step
 
 
-async def train_one_step(ctx: RunContext, step: int, rounds: TailRounds | None = None) -> None:
+async def train_one_step(ctx: RunContext, step: int, remedies: Remedies | None = None) -> None:
     metrics: dict[str, float] = {}
+    r = remedies or Remedies()
+    feeder = StreamFeeder(ctx, r.trigger) if r.trigger is not None else None
+    on_group = feeder.on_group if feeder is not None else None
     with timer("step", metrics):
         filtered: list[Group] = []
-        if rounds is not None:
-            groups = await ctx.stop.race(generate_tail_batch(ctx, rounds, step, metrics))
-        else:
-            groups, filtered = await ctx.stop.race(generate_batch(ctx, step, metrics))
-        metrics |= await train(ctx, groups, step, consumed=[g.row for g in filtered])
+        try:
+            if r.rounds is not None:
+                groups = await ctx.stop.race(generate_tail_batch(ctx, r.rounds, step, metrics, on_group))
+            else:
+                groups, filtered = await ctx.stop.race(generate_batch(ctx, step, metrics, on_group))
+        except BaseException:
+            if feeder is not None:
+                feeder.cancel()
+            raise
+        metrics |= await train(ctx, groups, step, consumed=[g.row for g in filtered],
+                               update=feeder.finish if feeder is not None else None)
         if groups:
             with ctx.trace.span("sync", "sync", step=step):
                 metrics |= await ctx.synchronizer.sync()
+    if r.planner is not None:  # between steps: nothing in flight
+        await r.planner.after_step(ctx.rollout, metrics)
     await after_step(ctx, step, metrics, groups)
 
 
@@ -62,16 +93,17 @@ def scored_on_rollout(ctx: RunContext) -> bool:
     return ctx.cfg.reward_scheduler.enable or ctx.cfg.stream_trainer.enable
 
 
-async def generate_tail_batch(ctx: RunContext, rounds: TailRounds, step: int,
-                              metrics: dict[str, float]) -> list[Group]:
+async def generate_tail_batch(ctx: RunContext, rounds: TailRounds, step: int, metrics: dict[str, float],
+                              on_group: OnGroup | None = None) -> list[Group]:
     """Tail batching: this step's groups from a short or a long round."""
     streamed = scored_on_rollout(ctx)
     with timer("gen", metrics):
-        groups = await rounds.run(ctx, f"@{step}", streamed, metrics)
+        groups = await rounds.run(ctx, f"@{step}", streamed, metrics, on_group)
     return await _rewards(ctx, groups, streamed, metrics)
 
 
-async def generate_batch(ctx: RunContext, step: int, metrics: dict[str, float]) -> tuple[list[Group], list[Group]]:
+async def generate_batch(ctx: RunContext, step: int, metrics: dict[str, float],
+                         on_group: OnGroup | None = None) -> tuple[list[Group], list[Group]]:
     """train_batch_size scored groups, and those generated but not trained; with dynamic
     sampling, groups whose rewards all agree are dropped and more prompts are generated (up to
     max_num_gen_batches rounds)."""
@@ -81,7 +113,7 @@ async def generate_batch(ctx: RunContext, step: int, metrics: dict[str, float]) 
     rounds = 0
     while len(kept) < want and (rounds == 0 or not fg.max_num_gen_batches or rounds < fg.max_num_gen_batches):
         rounds += 1
-        groups = await generate_scored(ctx, ctx.prompts.next_batch(), f"@{step}.{rounds}", metrics)
+        groups = await generate_scored(ctx, ctx.prompts.next_batch(), f"@{step}.{rounds}", metrics, on_group)
         for g in groups:
             (kept if not fg.enable or len(set(g.rewards_G)) > 1 else filtered).append(g)
     if fg.enable:
@@ -90,12 +122,17 @@ async def generate_batch(ctx: RunContext, step: int, metrics: dict[str, float]) 
     return kept[:want], filtered + kept[want:]
 
 
-async def generate_scored(ctx: RunContext, rows: list[PromptRow], suffix: str,
-                          metrics: dict[str, float]) -> list[Group]:
+async def generate_scored(ctx: RunContext, rows: list[PromptRow], suffix: str, metrics: dict[str, float],
+                          on_group: OnGroup | None = None) -> list[Group]:
     n, streamed = ctx.cfg.rollout.n, scored_on_rollout(ctx)
     with timer("gen", metrics):
-        groups = await asyncio.gather(*(
-            ctx.rollout.generate_scored(r, n, r.uid + suffix, "train", streamed) for r in rows))
+        tasks = [asyncio.ensure_future(ctx.rollout.generate_scored(r, n, r.uid + suffix, "train", streamed))
+                 for r in rows]
+        if on_group is not None:
+            for task in tasks:
+                task.add_done_callback(lambda t: on_group(t.result()) if not t.cancelled() and not t.exception()
+                                       else None)
+        groups = await asyncio.gather(*tasks)
     groups = await _rewards(ctx, list(groups), streamed, metrics)
     if ctx.cfg.algorithm.adv_estimator == "remax":
         await _remax_baselines(ctx, groups, suffix, metrics)

@@ -7,7 +7,7 @@ themselves live one per file next to this module.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from asyncrl.pipelines.checkpoint import load_checkpoint, save_checkpoint, snapshot
@@ -69,24 +69,25 @@ async def run_validation(ctx: RunContext, step: int) -> dict[str, float]:
     return metrics | summarise(list(groups), k)
 
 
-async def train(ctx: RunContext, groups: Sequence[Group], step: int,
-                consumed: Sequence[PromptRow] = ()) -> dict[str, float]:
+async def train(ctx: RunContext, groups: Sequence[Group], step: int, consumed: Sequence[PromptRow] = (),
+                update: Callable[[Sequence[Group]], Awaitable[dict[str, float]]] | None = None) -> dict[str, float]:
     """Update `step` on these groups, recorded as trained (prompt stream, samples.jsonl) along
     with the `consumed` prompts (generated but filtered out); the rollout side is then behind the
     trainer. A cancellation waits for the update to end and
     records it before it propagates, so the weights and the record never disagree. With no
-    groups (dynamic sampling kept none) the step is recorded without an update."""
+    groups (dynamic sampling kept none) the step is recorded without an update. `update` replaces
+    the trainer's `train_groups` (the stream trainer's `StreamFeeder.finish`)."""
     if not groups:
         _record(ctx, groups, step, consumed)
         return {}
-    update = asyncio.ensure_future(ctx.trainer.train_groups(groups))
+    task = asyncio.ensure_future((update or ctx.trainer.train_groups)(groups))
     ctx.training = True  # until recorded: a failed update leaves it set, and nothing is saved
     try:
         with ctx.trace.span("train", "trainer", step=step):
-            metrics = await asyncio.shield(update)
+            metrics = await asyncio.shield(task)
     except asyncio.CancelledError:
-        await asyncio.wait({update})  # the update runs on in its worker: let it end
-        if not update.cancelled() and update.exception() is None:
+        await asyncio.wait({task})  # the update runs on in its worker: let it end
+        if not task.cancelled() and task.exception() is None:
             _record(ctx, groups, step, consumed)
         raise
     _record(ctx, groups, step, consumed)

@@ -30,6 +30,7 @@ from asyncrl.pipelines.common import (
     train,
     validate_before_training,
 )
+from asyncrl.pipelines.planning import Planner
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.pipelines.tail_rounds import TailRounds
 from asyncrl.telemetry import clock
@@ -44,7 +45,8 @@ async def run(ctx: RunContext) -> int:
 
 
 async def _loop(ctx: RunContext) -> int:
-    batch = NextBatch(TailRounds(ctx) if ctx.cfg.tail_batching.enable else None)
+    batch = NextBatch(TailRounds(ctx) if ctx.cfg.tail_batching.enable else None,
+                      Planner.from_config(ctx.cfg, ctx.log))
     ctx.pipeline_state = batch.state
     step, state = await start(ctx)
     if batch.rounds is not None:
@@ -67,6 +69,8 @@ class NextBatch:
 
     rounds: TailRounds | None = None
     """Tail batching: each batch is a short or a long round, and its long-prompt queue."""
+    planner: Planner | None = None
+    """The TP planner: the next batch's rollout TP from this one's preemptions."""
     round_metrics: dict[str, float] = field(default_factory=dict)
     """The metrics of the round that made the batch in flight."""
     task: asyncio.Future[Batch] | None = None
@@ -97,6 +101,8 @@ async def train_one_step(ctx: RunContext, step: int, batch: NextBatch) -> None:
             groups, gen_s = await ctx.stop.race(batch.task)
         batch.task = None
         metrics |= batch.round_metrics
+        if batch.planner is not None:  # nothing in flight until the next launch
+            await batch.planner.after_step(ctx.rollout, metrics)
         metrics["timing_s/generate_sequences"] = gen_s
         if ctx.synchronizer.behind:
             with ctx.trace.span("sync", "sync", version=ctx.synchronizer.version + 1):

@@ -28,7 +28,7 @@ class DyingWorker:
     def restart(self) -> None:
         self.dead = False
 
-    async def generate_scored(self, row, n, uid, mode="train", score=True, partials=()) -> Group:
+    async def generate_scored(self, row, n, uid, mode="train", score=True, partials=(), keep=0) -> Group:
         await asyncio.sleep(0.01)
         if self.dead:
             raise WorkerDied("rollout worker died (ActorDiedError); see its log above")

@@ -57,7 +57,8 @@ def test_rounds_lose_nothing_and_long_rounds_train_the_queued_prompts(tiny_cache
     for s in samples:
         by_step.setdefault(s["step"], []).append(s["prompt"])
     assert all(len(by_step[s]) == P0 for s in long_steps)
-    long_len = [r["tail_batching/long_response_length/mean"] for r in rows if "tail_batching/long_response_length/mean" in r]
+    key = "tail_batching/long_response_length/mean"
+    long_len = [r[key] for r in rows if key in r]
     short_len = [r["tail_batching/short_response_length/mean"] for r in short]
     assert min(long_len) > sum(short_len) / len(short_len), "the long rounds should train the long prompts"
     check_nothing_lost(ctx, samples, [])
