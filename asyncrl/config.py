@@ -271,20 +271,20 @@ VALUE_RULES: dict[str, tuple[str, ...]] = {
              "tail_batching.prompt_speculation", "tail_batching.response_speculation"),
     ">= 0": ("num_threads", "data.val_size", "rollout.n_gpus_per_node", "rollout.total_rollout_steps",
              "rollout.test_freq", "rollout.max_restarts",
-             "actor.warmup_steps", "actor.weight_decay", "actor.clip_ratio_low",
+             "actor.weight_decay", "actor.clip_ratio_low", "model.lora_rank",
              "actor.clip_ratio_high", "actor.kl_loss_coef", "critic.warmup_steps", "algorithm.kl_ctrl.kl_coef",
              "algorithm.filter_groups.max_num_gen_batches", "trainer.test_freq", "trainer.save_freq",
              "trainer.max_ckpt_to_keep", "trainer.n_gpus_per_node", "async_training.staleness_threshold",
              "sim.length_sigma", "sim.trace_max_events"),
-    "> 0": ("actor.lr", "actor.grad_clip", "actor.is_cap", "critic.lr", "critic.grad_clip", "critic.cliprange_value",
+    "> 0": ("model.lora_alpha", "actor.lr", "actor.grad_clip", "actor.is_cap", "critic.lr", "critic.grad_clip", "critic.cliprange_value",
             "algorithm.kl_ctrl.target_kl", "reward.timeout_s", "trainer.stop_timeout_s", "sim.length_median",
             "reward_scheduler.timeout_lambda", "reward_scheduler.min_timeout_s", "reward_scheduler.max_timeout_s"),
     "> 1": ("actor.clip_ratio_c", "tp_planner.growth"),
     "to -1 (off) or > 0": ("rollout.top_k",),
-    "to -1 (off) or >= 0": ("async_training.max_version_lag",),
+    "to -1 (off) or >= 0": ("async_training.max_version_lag", "actor.warmup_steps"),
     "in (0, 1]": ("rollout.top_p", "reward.max_failure_ratio", "stream_trainer.min_done",
                   "stream_trainer.max_done", "stream_trainer.check_every"),
-    "in [0, 1]": ("algorithm.gamma", "algorithm.lam", "sim.accuracy"),
+    "in [0, 1]": ("algorithm.gamma", "algorithm.lam", "sim.accuracy", "actor.warmup_ratio", "actor.min_lr_ratio"),
     "in [0, 1)": ("actor.betas",),
     "in (0, 10]": ("rollout.temperature",),
     "in [0, 10]": ("rollout.val_temperature",),
@@ -351,6 +351,7 @@ def validate(cfg: Config) -> None:
     _choice(cfg.rollout.engine, ENGINES, "rollout.engine")
     _choice(cfg.model.dtype, ("float32", "bfloat16"), "model.dtype")
     _choice(cfg.trainer.device, ("cpu", "cuda"), "trainer.device")
+    _choice(cfg.actor.lr_scheduler, ("constant", "cosine"), "actor.lr_scheduler")
     _choice(cfg.sandbox.backend, ("auto", "bwrap", "rlimit", "http"), "sandbox.backend")
     if not cfg.data.train_files:
         _choice(cfg.data.task, TASKS, "data.task")

@@ -19,6 +19,14 @@ class ModelConfig:
     """Parameter dtype for training and rollout: float32 | bfloat16."""
     rebuild: bool = False
     """Rebuild the cached tiny model even if it exists."""
+    lora_rank: int = 0
+    """LoRA adapter rank through peft (0 = full fine-tuning); the engine receives merged weights."""
+    lora_alpha: int = 16
+    """LoRA scaling alpha."""
+    target_modules: tuple[str, ...] = ("all-linear",)
+    """Modules that get LoRA adapters: all-linear or module names (q_proj, v_proj, ...)."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, about a third more compute)."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,13 @@ class ActorConfig:
     lr: float = 3e-4
     """AdamW learning rate."""
     warmup_steps: int = 5
-    """Linear learning-rate warm-up in optimizer steps."""
+    """Linear learning-rate warm-up in optimizer steps (-1: use warmup_ratio)."""
+    warmup_ratio: float = 0.0
+    """Warm-up as a fraction of all optimizer steps, when warmup_steps is -1 (verl lr_warmup_steps_ratio)."""
+    lr_scheduler: str = "constant"
+    """After warm-up: constant | cosine (decays to min_lr_ratio x lr over the run)."""
+    min_lr_ratio: float = 0.0
+    """Cosine schedule: the final learning rate as a fraction of lr."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
