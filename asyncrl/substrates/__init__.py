@@ -14,6 +14,7 @@ Not here: what workers do (`asyncrl.workers`), when to sync (pipelines).
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -69,6 +70,9 @@ def substrate_for(cfg: Config) -> Substrate:
 
         return LocalSubstrate()
     if cfg.backend == "ray":
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("backend=ray needs Ray, which is not installed: pip install 'asyncrl[ray]' "
+                              "(or set backend=local)")
         from asyncrl.substrates.ray_cluster import RaySubstrate
 
         return RaySubstrate()
