@@ -1,5 +1,10 @@
-"""TorchEngine: a continuous-batching rollout engine for HF Llama/Qwen2 models in plain torch,
+"""TorchEngine: a continuous-batching rollout engine for HF causal LMs in plain torch,
 registered as `rollout.engine=torch` (it implements `asyncrl.roles.Engine`).
+
+Llama (incl. 3.x rope scaling), Qwen2 and Qwen3 run on the fast forward
+(`asyncrl.rollout.forward`); any other causal LM runs on the generic HF-forward path
+(`asyncrl.rollout.generic`), which the engine logs once (logger "asyncrl.rollout") at start.
+Scheduling, sampling, abort, pause and continuation are the same on both.
 
 Threading model::
 
@@ -31,6 +36,7 @@ Not here: tokenization, prefix caching, chunked prefill, speculative decoding, t
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -42,6 +48,7 @@ from torch import nn
 
 from asyncrl.errors import ConfigError, RolloutError
 from asyncrl.roles import PauseMode
+from asyncrl.rollout.generic import describe
 from asyncrl.rollout.runner import StepRunner
 from asyncrl.rollout.scheduler import Scheduler, StepPlan, StepResult
 from asyncrl.rollout.sequence import Sequence
@@ -49,6 +56,7 @@ from asyncrl.sync.tensors import checksum, export_named
 from asyncrl.types import EngineStats, GenerationRequest, Trajectory
 
 _RATE_WINDOW_S = 10.0
+logger = logging.getLogger("asyncrl.rollout")
 
 
 class TorchEngine:
@@ -77,6 +85,10 @@ class TorchEngine:
             model, max_num_seqs=max_num_seqs, device=device, version=version, seed=seed
         )
         self._vocab_size = self._runner.forward.vocab_size
+        if self._runner.fast_path_problem is not None:
+            model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+            logger.warning("TorchEngine: model_type %r runs on the %s", model_type,
+                           describe(self._runner.forward, self._runner.fast_path_problem))
         self._scheduler = Scheduler(max_num_seqs, kv_budget_tokens, max_prefill_tokens)
         self._kv_budget = kv_budget_tokens
         self._num_threads = num_threads

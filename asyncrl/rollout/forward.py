@@ -1,12 +1,18 @@
-"""Batched prefill and decode for HF Llama / Qwen2 models, with a slot KV cache.
+"""The fast path: batched prefill and decode for HF Llama (incl. 3.x) / Qwen2 / Qwen3 models,
+with a slot KV cache.
 
 It reuses the HF modules for everything position-independent (embedding, RMSNorm, q/k/v/o
-projections with their biases, the SiLU MLP, final norm, lm_head or tied embeddings) and the
-model's own rotary module for cos/sin, so logits match the HF forward to float rounding. Only
-attention is reimplemented: it reads/writes `SlotKVCache` and masks each row to its length.
+projections with their biases, Qwen3's per-head q/k RMSNorms, the SiLU MLP, final norm, lm_head
+or tied embeddings) and the model's own rotary module for cos/sin: that module builds `inv_freq`
+with transformers' rope init function for the config's `rope_parameters`, so Llama 3's "llama3"
+scaling (and "linear", "yarn", ...) come for free and logits match the HF forward to float
+rounding. Only attention is reimplemented: it reads/writes `SlotKVCache` and masks each row.
 
-Not supported (raises `RolloutError`): other architectures, sliding-window layers, non-SiLU
-MLPs, q/k norms (Qwen3). No prefix caching: a prefill always starts at position 0.
+Not here (`fast_path_problem` says why, and the engine takes `asyncrl.rollout.generic`
+instead): other architectures, sliding-window layers, non-SiLU MLPs, rope types whose
+frequencies depend on the sequence length ("dynamic", "longrope": HF recomputes them from the
+batch's longest position, which a mixed batch would get wrong). No prefix caching: a prefill
+always starts at position 0.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from torch import nn
 from asyncrl.errors import RolloutError
 from asyncrl.rollout.kv_cache import SlotKVCache
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
 # The parts of an HF Llama / Qwen2 causal LM used here. nn.Module types every submodule attribute
@@ -38,6 +45,9 @@ class _Attention(Protocol):
     v_proj: nn.Module
     o_proj: nn.Module
     scaling: float
+    # Qwen3 only: RMSNorm over head_dim of each query / key head, before rotary.
+    q_norm: _RMSNorm
+    k_norm: _RMSNorm
 
 
 class _DecoderLayer(Protocol):
@@ -62,24 +72,33 @@ class _CausalLM(Protocol):
     lm_head: nn.Module
 
 
-def check_supported(model: nn.Module) -> None:
-    """Raise `RolloutError` unless `model` is a causal LM this forward reproduces exactly."""
+def fast_path_problem(model: nn.Module) -> str | None:
+    """Why `BatchedForward` cannot reproduce `model` exactly, or None when it can."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise RolloutError(
-            f"TorchEngine supports model_type in {SUPPORTED_MODEL_TYPES}, got {model_type!r}; "
-            "use another rollout engine for this architecture"
-        )
+        return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
     layer_types = getattr(config, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
-        raise RolloutError(f"TorchEngine does not support sliding-window layers: {layer_types}")
+        return f"sliding-window layers {layer_types}"
     hidden_act = getattr(config, "hidden_act", "silu")
     if hidden_act != "silu":
-        raise RolloutError(f"TorchEngine supports hidden_act='silu' only, got {hidden_act!r}")
+        return f"hidden_act={hidden_act!r} (fast path: 'silu' only)"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in LENGTH_DEPENDENT_ROPE:
+        return f"rope_type {rope_type!r} depends on the sequence length"
     attn = cast(_CausalLM, model).model.layers[0].self_attn
-    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
-        raise RolloutError("TorchEngine does not support q/k norms (Qwen3-style attention)")
+    if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
+        return "a q norm without a k norm (or the reverse)"
+    return None
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise `RolloutError` unless `model` is a causal LM this forward reproduces exactly."""
+    problem = fast_path_problem(model)
+    if problem is not None:
+        raise RolloutError(f"the fast rollout forward does not support this model: {problem}")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -122,6 +141,7 @@ class BatchedForward:
         self.groups = self.num_heads // self.kv_heads
         self.scaling = float(self.layers[0].self_attn.scaling)
         self.vocab_size: int = config.vocab_size
+        self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
 
     def new_cache(self, max_slots: int, device: torch.device | str) -> SlotKVCache:
         dtype = self.base.embed_tokens.weight.dtype
@@ -139,6 +159,8 @@ class BatchedForward:
         q = attn.q_proj(x).view(b, t, self.num_heads, self.head_dim)
         k = attn.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
         v = attn.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = _rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)
         return _rope(q, cos, sin), _rope(k, cos, sin), v
 
     def _mlp_residual(self, layer: _DecoderLayer, h: torch.Tensor) -> torch.Tensor:

@@ -16,13 +16,13 @@ from torch import nn
 
 from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
-from asyncrl.rollout.forward import BatchedForward
+from asyncrl.rollout.generic import StepCache, StepForward, build_forward
 from asyncrl.rollout.sampler import SamplingBatch, sample
 from asyncrl.rollout.scheduler import StepPlan, StepResult
 
 
 class StepRunner:
-    """Owns the batched forward, the KV cache and the engine-wide sampling generator."""
+    """Owns the forward (fast or generic, see `build_forward`), the KV cache and the engine-wide sampling generator."""
 
     def __init__(
         self,
@@ -38,8 +38,9 @@ class StepRunner:
         weights_on = next(model.parameters()).device
         if weights_on.type != self.device.type:
             raise ConfigError(f"the model is on {weights_on} but device={device!r}; move the model")
-        self.forward = BatchedForward(model)
-        self.cache = self.forward.new_cache(max_num_seqs, self.device)
+        self.forward: StepForward
+        self.forward, self.fast_path_problem = build_forward(model)
+        self.cache: StepCache = self.forward.new_cache(max_num_seqs, self.device)
         self.lock = threading.Lock()
         self.version = version
         self.generator = torch.Generator()

@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+import transformers
+from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from asyncrl.rollout import TorchEngine
 from asyncrl.types import GenerationRequest, SamplingParams, Trajectory
@@ -17,16 +18,45 @@ EOS = 0
 torch.set_num_threads(1)
 
 
+FAST_ARCHS = ("llama", "qwen2", "qwen3", "llama3")
+GENERIC_ARCHS = ("gpt2", "gpt_neox", "opt", "gemma2")
+"""gemma2 has sliding-window layers, so it runs one row at a time; the others batch."""
+
+_GQA = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=128)
+# Llama 3.1's rope scaling with a small original context, so that scaled and unscaled
+# frequencies differ in this model's head_dim.
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+_NO_SPECIALS = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+_CONFIGS: dict[str, tuple[str, dict[str, object]]] = {
+    "llama": ("LlamaConfig", _GQA),
+    "qwen2": ("Qwen2Config", _GQA),
+    "qwen3": ("Qwen3Config", {**_GQA, "head_dim": 32}),  # head_dim != hidden/heads, as in Qwen3
+    "llama3": ("LlamaConfig", {**_GQA, "rope_scaling": LLAMA3_ROPE, "rope_theta": 500000.0}),
+    "gpt2": ("GPT2Config", dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, **_NO_SPECIALS)),
+    "gpt_neox": ("GPTNeoXConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=2, intermediate_size=64, **_NO_SPECIALS)),
+    "opt": ("OPTConfig", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=2, ffn_dim=64, word_embed_proj_dim=32, **_NO_SPECIALS)),
+    "gemma2": ("Gemma2Config", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                    intermediate_size=64, sliding_window=4, **_NO_SPECIALS)),
+}
+
+
+def tiny_config(arch: str) -> PretrainedConfig:
+    """The config of a 2-layer random model of `arch` (one of FAST_ARCHS + GENERIC_ARCHS)."""
+    name, kwargs = _CONFIGS[arch]
+    config: PretrainedConfig = getattr(transformers, name)(**kwargs)
+    return config
+
+
 def tiny_model(arch: str = "llama", seed: int = 0) -> torch.nn.Module:
-    """A 2-layer, hidden-64 model with grouped-query attention, random weights from `seed`."""
-    kwargs = dict(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=128,
-    )
+    """A 2-layer model of `arch` (grouped-query attention where the architecture has it), random
+    weights from `seed`."""
     torch.manual_seed(seed)
-    if arch == "llama":
-        return LlamaForCausalLM(LlamaConfig(**kwargs)).eval()
-    return Qwen2ForCausalLM(Qwen2Config(**kwargs)).eval()
+    return AutoModelForCausalLM.from_config(tiny_config(arch)).eval()
 
 
 def prompt(length: int, seed: int) -> tuple[int, ...]:

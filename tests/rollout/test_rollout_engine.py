@@ -13,6 +13,8 @@ from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.types import GenerationRequest, SamplingParams, Trajectory
 from tests.rollout.rollout_testlib import (
     EOS,
+    FAST_ARCHS,
+    GENERIC_ARCHS,
     engine,
     one_at_a_time,
     prompt,
@@ -24,6 +26,11 @@ from tests.rollout.rollout_testlib import (
 )
 
 
+# The fast forward, the generic path batched (gpt2) and one row at a time (gemma2, sliding
+# window): scheduling semantics must not depend on which forward runs.
+ENGINE_ARCHS = ("llama", "gpt2", "gemma2")
+
+
 def assert_same(outs: list[Trajectory], refs: list[Trajectory]) -> None:
     for out, ref in zip(outs, refs, strict=True):
         assert out.response_ids == ref.response_ids, out.request_id
@@ -33,7 +40,7 @@ def assert_same(outs: list[Trajectory], refs: list[Trajectory]) -> None:
         assert out.finish_reason == ref.finish_reason
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", FAST_ARCHS + GENERIC_ARCHS)
 def test_continuous_batching_equals_one_at_a_time(arch: str) -> None:
     model = tiny_model(arch)
     reqs = staggered_requests(10)
@@ -88,8 +95,9 @@ def test_sampled_logprobs_equal_teacher_forced_hf_logprobs() -> None:
     eng.close()
 
 
-def test_tiny_kv_budget_preempts_and_keeps_greedy_outputs() -> None:
-    model = tiny_model()
+@pytest.mark.parametrize("arch", ENGINE_ARCHS)
+def test_tiny_kv_budget_preempts_and_keeps_greedy_outputs(arch: str) -> None:
+    model = tiny_model(arch)
     reqs = staggered_requests(8)
     refs = run_sync(engine(model), reqs)
     need = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs)
@@ -100,8 +108,9 @@ def test_tiny_kv_budget_preempts_and_keeps_greedy_outputs() -> None:
     eng.close()
 
 
-def test_abort_returns_partials_that_continue_to_the_same_output() -> None:
-    model = tiny_model()
+@pytest.mark.parametrize("arch", ENGINE_ARCHS)
+def test_abort_returns_partials_that_continue_to_the_same_output(arch: str) -> None:
+    model = tiny_model(arch)
     reqs = [request(f"r{i}", prompt(5 + i, seed=i), 30) for i in range(4)]
     refs = run_sync(engine(model), reqs)
 
@@ -134,9 +143,10 @@ def test_abort_returns_partials_that_continue_to_the_same_output() -> None:
     assert_same(continued, [refs[1], refs[3]])
 
 
-def test_abort_all_resolves_waiting_and_running_requests() -> None:
+@pytest.mark.parametrize("arch", ENGINE_ARCHS)
+def test_abort_all_resolves_waiting_and_running_requests(arch: str) -> None:
     async def main() -> None:
-        eng = engine(tiny_model(), max_num_seqs=2)
+        eng = engine(tiny_model(arch), max_num_seqs=2)
         tasks = [asyncio.create_task(eng.generate(r)) for r in staggered_requests(5)]
         await wait_for_tokens(eng, 3)
         partials = await eng.abort_all()
@@ -150,8 +160,9 @@ def test_abort_all_resolves_waiting_and_running_requests() -> None:
     asyncio.run(main())
 
 
-def test_load_weights_changes_outputs_and_versions() -> None:
-    model, other = tiny_model(seed=0), tiny_model(seed=1)
+@pytest.mark.parametrize("arch", ENGINE_ARCHS)
+def test_load_weights_changes_outputs_and_versions(arch: str) -> None:
+    model, other = tiny_model(arch, seed=0), tiny_model(arch, seed=1)
     reqs = staggered_requests(3)
     ref_other = run_sync(engine(other), reqs)
     eng = engine(model, version=3)
@@ -166,8 +177,9 @@ def test_load_weights_changes_outputs_and_versions() -> None:
     eng.close()
 
 
-def test_pause_holds_requests_in_flight_and_resume_continues_under_new_version() -> None:
-    model, other = tiny_model(seed=0), tiny_model(seed=1)
+@pytest.mark.parametrize("arch", ENGINE_ARCHS)
+def test_pause_holds_requests_in_flight_and_resume_continues_under_new_version(arch: str) -> None:
+    model, other = tiny_model(arch, seed=0), tiny_model(arch, seed=1)
 
     async def main() -> list[Trajectory]:
         eng = engine(model)
@@ -191,8 +203,9 @@ def test_pause_holds_requests_in_flight_and_resume_continues_under_new_version()
         assert o.versions == sorted(o.versions)  # one cut, old then new
 
 
-def test_seeded_sampling_is_independent_of_batch_composition() -> None:
-    model = tiny_model()
+@pytest.mark.parametrize("arch", ENGINE_ARCHS)
+def test_seeded_sampling_is_independent_of_batch_composition(arch: str) -> None:
+    model = tiny_model(arch)
     seeded = request("seeded", prompt(7, seed=9), 20, temperature=1.0, seed=1234)
     alone = run_sync(engine(model), [seeded])[0]
 
@@ -252,8 +265,9 @@ def test_load_weights_without_a_pause_lands_between_steps() -> None:
         torch.testing.assert_close(dict(model.named_parameters())[name].detach(), tensor)
 
 
-def test_pause_abort_returns_every_partial_and_keeps_the_engine_usable() -> None:
-    model = tiny_model()
+@pytest.mark.parametrize("arch", ENGINE_ARCHS)
+def test_pause_abort_returns_every_partial_and_keeps_the_engine_usable(arch: str) -> None:
+    model = tiny_model(arch)
 
     async def main() -> None:
         eng = engine(model)

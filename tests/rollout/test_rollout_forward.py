@@ -7,9 +7,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from asyncrl.errors import RolloutError
-from asyncrl.rollout.forward import BatchedForward
+from asyncrl.rollout.forward import BatchedForward, fast_path_problem
 from asyncrl.rollout.kv_cache import SlotKVCache
-from tests.rollout.rollout_testlib import VOCAB, prompt, tiny_model
+from tests.rollout.rollout_testlib import FAST_ARCHS, GENERIC_ARCHS, LLAMA3_ROPE, VOCAB, prompt, tiny_model
 
 
 def hf_last_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
@@ -17,7 +17,7 @@ def hf_last_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0, -1]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", FAST_ARCHS)
 def test_prefill_then_decode_matches_hf_logits(arch: str) -> None:
     model = tiny_model(arch, seed=1)
     fwd = BatchedForward(model)
@@ -54,6 +54,35 @@ def test_single_row_prefill_uses_plain_causal_attention_and_matches_hf() -> None
     with torch.inference_mode():
         logits = fwd.prefill(cache, torch.tensor([ctx]), torch.tensor([len(ctx)]), first_slot=1)
     torch.testing.assert_close(logits[0], hf_last_logits(model, ctx), rtol=0, atol=1e-5)
+
+
+def test_the_test_models_exercise_qk_norms_and_llama3_rope() -> None:
+    """Guards the two tests above against vacuous models: Qwen3's q/k norms have non-unit weights
+    that change the logits, and Llama 3's scaled frequencies differ from plain rope's."""
+    qwen3 = tiny_model("qwen3", seed=1)
+    attn = qwen3.model.layers[0].self_attn
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 1.5)  # random init leaves them at 1
+    ctx = list(prompt(9, seed=3))
+    fwd, cache = BatchedForward(qwen3), SlotKVCache(2, 2, 32, max_slots=1, dtype=torch.float32, device="cpu")
+    cache.reserve(1, len(ctx))
+    with torch.inference_mode():
+        logits = fwd.prefill(cache, torch.tensor([ctx]), torch.tensor([len(ctx)]), first_slot=0)
+    torch.testing.assert_close(logits[0], hf_last_logits(qwen3, ctx), rtol=0, atol=1e-5)
+    fwd.qk_norm = False
+    with torch.inference_mode():
+        without = fwd.prefill(cache, torch.tensor([ctx]), torch.tensor([len(ctx)]), first_slot=0)
+    assert (without - logits).abs().max() > 1e-3
+    llama3 = tiny_model("llama3")
+    assert llama3.config.rope_parameters["rope_type"] == LLAMA3_ROPE["rope_type"]
+    plain = 1.0 / (500000.0 ** (torch.arange(0, 16, 2, dtype=torch.float) / 16))
+    assert not torch.allclose(llama3.model.rotary_emb.inv_freq, plain)
+
+
+@pytest.mark.parametrize("arch", GENERIC_ARCHS)
+def test_fast_path_names_why_it_does_not_take_a_model(arch: str) -> None:
+    assert fast_path_problem(tiny_model(arch)) is not None
+    assert all(fast_path_problem(tiny_model(a)) is None for a in FAST_ARCHS)
 
 
 def test_unsupported_architectures_raise_rollout_error() -> None:
