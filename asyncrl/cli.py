@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from asyncrl.config import dump_config, load_config
+from asyncrl.config import load_config
 from asyncrl.errors import AsyncRLError
 from asyncrl.preflight import preflight
 
@@ -85,15 +85,34 @@ def sim(args: list[str]) -> int:
 
 
 def show_config(args: list[str]) -> int:
+    """`asyncrl config [CONFIG.yaml] [key=value ...]`: the resolved config, every key with its
+    one-line doc; `--from-verl [python3 -m MODULE] key=value ...`: what a verl command line becomes;
+    `--reference`: docs/configuration.md."""
     if "--reference" in args:
         from asyncrl.config import reference_markdown
 
         print(reference_markdown())
         return 0
+    from asyncrl.config import documented_yaml
+
+    entry = None
+    if "--from-verl" in args:
+        args = [a for a in args if a != "--from-verl"]
+        entry, args = _verl_entry(args)
     path, overrides = _split_args(args)
-    cfg = load_config(path, overrides)
-    print(dump_config(cfg), end="")
+    cfg = load_config(path, overrides, entry=entry)
+    print(documented_yaml(cfg), end="")
     return 0
+
+
+def _verl_entry(args: list[str]) -> tuple[str | None, list[str]]:
+    """A pasted `python3 -m verl....main_ppo k=v ...` -> (the module, the k=v arguments)."""
+    rest = list(args)
+    if rest and Path(rest[0]).name.startswith("python"):
+        rest = rest[1:]
+    if len(rest) >= 2 and rest[0] == "-m":
+        return rest[1], rest[2:]
+    return None, rest
 
 
 def main(argv: list[str] | None = None) -> int:
