@@ -129,11 +129,12 @@ class GenericForward:
         if type(cache) is not DynamicCache or any(type(x) is not DynamicLayer for x in cache.layers):
             return f"its cache is {type(cache).__name__} with layers " + \
                 ", ".join(sorted({type(x).__name__ for x in getattr(cache, "layers", [])}))
-        shapes = {(t.ndim, t.shape[1], t.shape[-1]) for x in cache.layers for t in (x.keys, x.values)}
+        kv = _kv_pairs(cache)
+        shapes = {(t.ndim, t.shape[1], t.shape[-1]) for pair in kv for t in pair}
         if len(shapes) != 1 or next(iter(shapes))[0] != 4:
             return f"its key/value shapes (ndim, heads, head_dim) differ: {sorted(shapes)}"
         _, heads, dim = shapes.pop()
-        self.kv_shape = (len(cache.layers), heads, dim, cache.layers[0].keys.dtype)
+        self.kv_shape = (len(kv), heads, dim, kv[0][0].dtype)
         return None
 
     def new_cache(self, max_slots: int, device: torch.device | str) -> SlotKVCache | SlotCacheObjects:
@@ -166,9 +167,9 @@ class GenericForward:
         mask = ((columns < positions[:, None]) | (columns == past)).long()  # (B, past + 1)
         out = self.model(input_ids=token_ids[:, None], attention_mask=mask,
                          position_ids=positions[:, None], past_key_values=hf_cache, use_cache=True)
-        for layer, hf_layer in enumerate(cast(DynamicCache, out.past_key_values).layers):
-            cache.keys[layer][rows, positions] = hf_layer.keys[:, :, -1]
-            cache.values[layer][rows, positions] = hf_layer.values[:, :, -1]
+        for layer, (keys, values) in enumerate(_kv_pairs(out.past_key_values)):
+            cache.keys[layer][rows, positions] = keys[:, :, -1]
+            cache.values[layer][rows, positions] = values[:, :, -1]
         return out.logits[:, -1].float()
 
     # ---- prefill ----
@@ -196,9 +197,9 @@ class GenericForward:
         if self.keeps_logits:
             kwargs["logits_to_keep"] = keep
         out = self.model(input_ids=token_ids, use_cache=True, **kwargs)
-        for layer, hf_layer in enumerate(cast(DynamicCache, out.past_key_values).layers):
-            cache.keys[layer][first_slot : first_slot + n, :t] = hf_layer.keys.transpose(1, 2)
-            cache.values[layer][first_slot : first_slot + n, :t] = hf_layer.values.transpose(1, 2)
+        for layer, (keys, values) in enumerate(_kv_pairs(out.past_key_values)):
+            cache.keys[layer][first_slot : first_slot + n, :t] = keys.transpose(1, 2)
+            cache.values[layer][first_slot : first_slot + n, :t] = values.transpose(1, 2)
         column = torch.searchsorted(keep, last) if self.keeps_logits else last
         return out.logits[torch.arange(n, device=token_ids.device), column].float()
 
@@ -213,6 +214,11 @@ class GenericForward:
         cache.entries[slot] = out.past_key_values
         cache.lengths[slot] = (0 if first else cache.lengths[slot]) + ids.shape[1]
         return out.logits[:, -1].float()
+
+
+def _kv_pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) of each layer of a `DynamicCache` of plain `DynamicLayer`s, (B, H, L, D)."""
+    return [(cast(torch.Tensor, x.keys), cast(torch.Tensor, x.values)) for x in cache.layers]
 
 
 def describe(forward: StepForward, problem: str | None) -> str:

@@ -63,8 +63,9 @@ def test_hf_home_locates_the_cache_too(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_model_id_missing_from_the_cache_names_the_cache_dir(hub: Path) -> None:
     hub.mkdir()
-    expected = f"model.path='Qwen/Qwen2.5-0.5B-Instruct' is not a local directory and not in the Hugging Face cache {hub} " \
-        f"(no {hub}/models--Qwen--Qwen2.5-0.5B-Instruct/snapshots): download it there with `hf download"
+    expected = ("model.path='Qwen/Qwen2.5-0.5B-Instruct' is not a local directory and not in the "
+                f"Hugging Face cache {hub} (no {hub}/models--Qwen--Qwen2.5-0.5B-Instruct/snapshots): "
+                "download it there with `hf download")
     with pytest.raises(ConfigError) as info:
         check_model_path("Qwen/Qwen2.5-0.5B-Instruct")
     message = str(info.value)

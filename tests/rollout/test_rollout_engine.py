@@ -25,7 +25,6 @@ from tests.rollout.rollout_testlib import (
     wait_for_tokens,
 )
 
-
 # The fast forward, the generic path batched (gpt2) and one row at a time (gemma2, sliding
 # window): scheduling semantics must not depend on which forward runs.
 ENGINE_ARCHS = ("llama", "gpt2", "gemma2")

@@ -79,10 +79,10 @@ def test_the_test_models_exercise_qk_norms_and_llama3_rope() -> None:
     assert not torch.allclose(llama3.model.rotary_emb.inv_freq, plain)
 
 
-@pytest.mark.parametrize("arch", GENERIC_ARCHS)
-def test_fast_path_names_why_it_does_not_take_a_model(arch: str) -> None:
-    assert fast_path_problem(tiny_model(arch)) is not None
+def test_fast_path_takes_its_architectures_and_says_why_not_for_others() -> None:
     assert all(fast_path_problem(tiny_model(a)) is None for a in FAST_ARCHS)
+    for arch in GENERIC_ARCHS:
+        assert arch in str(fast_path_problem(tiny_model(arch)))
 
 
 def test_unsupported_architectures_raise_rollout_error() -> None:
