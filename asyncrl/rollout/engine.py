@@ -48,7 +48,7 @@ from torch import nn
 
 from asyncrl.errors import ConfigError, RolloutError
 from asyncrl.roles import PauseMode
-from asyncrl.rollout.generic import describe
+from asyncrl.rollout.generic import ForwardChoice, describe
 from asyncrl.rollout.runner import StepRunner
 from asyncrl.rollout.scheduler import Scheduler, StepPlan, StepResult
 from asyncrl.rollout.sequence import Sequence
@@ -74,6 +74,7 @@ class TorchEngine:
         max_prefill_tokens: int = 4096,
         num_threads: int | None = None,
         seed: int | None = None,
+        forward: ForwardChoice = "auto",
     ) -> None:
         for key, value in (("kv_budget_tokens", kv_budget_tokens), ("max_num_seqs", max_num_seqs),
                            ("max_prefill_tokens", max_prefill_tokens)):
@@ -82,7 +83,8 @@ class TorchEngine:
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self._eos_ids = tuple(int(t) for t in eos)
         self._runner = StepRunner(
-            model, max_num_seqs=max_num_seqs, device=device, version=version, seed=seed
+            model, max_num_seqs=max_num_seqs, device=device, version=version, seed=seed,
+            forward=forward,
         )
         self._vocab_size = self._runner.forward.vocab_size
         if self._runner.fast_path_problem is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 import torch
 from torch import nn
@@ -33,6 +33,7 @@ from asyncrl.rollout.forward import LENGTH_DEPENDENT_ROPE, BatchedForward, fast_
 from asyncrl.rollout.kv_cache import SlotKVCache
 
 logger = logging.getLogger("asyncrl.rollout")
+ForwardChoice = Literal["auto", "generic"]
 
 
 class StepCache(Protocol):
@@ -56,10 +57,10 @@ class StepForward(Protocol):
                 first_slot: int) -> torch.Tensor: ...
 
 
-def build_forward(model: nn.Module) -> tuple[StepForward, str | None]:
+def build_forward(model: nn.Module, choice: ForwardChoice = "auto") -> tuple[StepForward, str | None]:
     """(forward, why the fast path was not taken or None): the fast forward when it reproduces
-    `model` exactly, else a `GenericForward`."""
-    problem = fast_path_problem(model)
+    `model` exactly, else (or when `choice` is "generic": benchmarks, debugging) a `GenericForward`."""
+    problem = "forward='generic' was asked for" if choice == "generic" else fast_path_problem(model)
     if problem is None:
         return BatchedForward(model), None
     return GenericForward(model), problem

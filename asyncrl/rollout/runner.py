@@ -16,7 +16,7 @@ from torch import nn
 
 from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
-from asyncrl.rollout.generic import StepCache, StepForward, build_forward
+from asyncrl.rollout.generic import ForwardChoice, StepCache, StepForward, build_forward
 from asyncrl.rollout.sampler import SamplingBatch, sample
 from asyncrl.rollout.scheduler import StepPlan, StepResult
 
@@ -32,6 +32,7 @@ class StepRunner:
         device: torch.device | str,
         version: int,
         seed: int | None,
+        forward: ForwardChoice = "auto",
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -39,7 +40,7 @@ class StepRunner:
         if weights_on.type != self.device.type:
             raise ConfigError(f"the model is on {weights_on} but device={device!r}; move the model")
         self.forward: StepForward
-        self.forward, self.fast_path_problem = build_forward(model)
+        self.forward, self.fast_path_problem = build_forward(model, forward)
         self.cache: StepCache = self.forward.new_cache(max_num_seqs, self.device)
         self.lock = threading.Lock()
         self.version = version

@@ -88,3 +88,15 @@ def test_engine_says_once_when_a_model_runs_on_the_generic_path(caplog: pytest.L
         engine(tiny_model("qwen3")).close()
     lines = [r.getMessage() for r in caplog.records if r.name == "asyncrl.rollout"]
     assert len(lines) == 1 and "'gpt2'" in lines[0] and "generic" in lines[0], lines
+
+
+def test_forced_generic_path_equals_the_fast_path_on_a_fast_model() -> None:
+    model = tiny_model("qwen3", seed=5)
+    reqs = staggered_requests(5, temperature=1.0)
+    fast = run_sync(engine(model, seed=1), reqs)
+    generic_engine = engine(model, seed=1, forward="generic")
+    assert isinstance(generic_engine._runner.forward, GenericForward)
+    generic = run_sync(generic_engine, reqs)
+    for a, b in zip(fast, generic, strict=True):
+        assert a.response_ids == b.response_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
