@@ -168,7 +168,7 @@ TABLE: dict[str, To] = {
     "reward_model.reward_manager": always("naive"),
     "reward_model.sandbox_fusion.url": to("sandbox.url", convert=_not_null),
     "reward_model.sandbox_fusion.memory_limit_mb": to("sandbox.memory_mb"),
-    "async_training.compute_prox_log_prob": always(False),
+    "async_training.compute_prox_log_prob": to("@prox_log_prob"),
 }
 """verl key -> where it goes in asyncrl. Every `ours` key exists (a test checks)."""
 
@@ -333,6 +333,8 @@ def _derive(t: Translation, entry: str | None) -> None:
     _pipeline(t, entry)
     if v.get("data.train_batch_size") == 0 and t.uses_verl_names:  # fully async: one update's prompts
         v["data.train_batch_size"] = _get(v, "actor.ppo_mini_batch_size") * _get(v, "async_training.require_batches")
+    if held.get("@prox_log_prob"):  # old log-probs from the proximal policy, IS weights to the behaviour's
+        v["async_training.use_rollout_log_probs"] = False
     if held.get("@val_do_sample") is False:
         v["rollout.val_temperature"] = 0.0  # greedy
     if held.get("@reward_path"):
