@@ -97,8 +97,12 @@ def unknown_key_message(key: str, renamed: Mapping[str, tuple[str, ...]] = {}) -
     close = suggestions(key, renamed)
     if close:
         return f"unknown config key {key}; did you mean {' or '.join(close)}?"
-    section = key.rpartition(".")[0]
-    if section in section_keys():
+    prefixes = [key.rsplit(".", i)[0] for i in range(1, key.count(".") + 1)]  # longest first
+    value = next((p for p in prefixes if p in leaf_keys()), None)
+    if value is not None:
+        return f"unknown config key {key}: {value} is a value, not a section"
+    section = next((p for p in prefixes if p in section_keys()), None)
+    if section is not None:
         valid = [k.rpartition(".")[2] for k in [*leaf_keys(), *section_keys()] if k.rpartition(".")[0] == section]
         return f"unknown config key {key}; valid keys in {section}: {', '.join(valid)}"
     tops = [k for k in dict.fromkeys([*leaf_keys(), *section_keys()]) if "." not in k]

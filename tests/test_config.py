@@ -156,3 +156,29 @@ def test_yaml_top_level_must_be_a_mapping(tmp_path):
     path.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(path)
+
+
+def test_documented_yaml_reads_back_identically_with_awkward_strings():
+    from asyncrl.config import documented_yaml
+
+    template = "{% for m in messages %}\n  {{ m['content'] }} # x: y\n{% endfor %}"
+    cfg = config_from_dict({"data": {"chat_template": template}, "trainer": {"logger": ["jsonl"]}})
+    text = documented_yaml(cfg)
+    assert config_from_dict(yaml.safe_load(text)) == cfg
+    assert "  max_prompt_length: 64  # Longer prompts are filtered out (counted)." in text.splitlines()
+
+
+def test_hydra_plus_forms_set_our_keys_too():
+    cfg = load_config(None, ["+rollout.n=4", "++actor.lr=1e-5"])
+    assert (cfg.rollout.n, cfg.actor.lr) == (4, 1e-5)
+
+
+@pytest.mark.parametrize("key, message", [
+    ("rollout.n.x", "unknown config key rollout.n.x: rollout.n is a value, not a section"),
+    ("rollout.foo.bar", "unknown config key rollout.foo.bar; valid keys in rollout: n, temperature, "),
+    ("algorithm.kl_ctrl.coeff", "unknown config key algorithm.kl_ctrl.coeff; valid keys in algorithm.kl_ctrl: type, "),
+])
+def test_an_unknown_key_names_where_it_went_wrong(key, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{key}=1"])
+    assert str(err.value).startswith(message)
