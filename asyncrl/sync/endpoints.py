@@ -10,7 +10,7 @@ Not here: pausing engines, choosing a transport, timing (see `synchronizer`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -22,22 +22,26 @@ from asyncrl.sync.tensors import NamedTensors, WeightMeta, checksum, export_name
 
 
 class TrainerWeights:
-    """The trainer's half: describe, export, hash and broadcast its model's weights."""
+    """The trainer's half: describe, export, hash and broadcast its model's weights.
 
-    def __init__(self, model: nn.Module) -> None:
+    `export` replaces `export_named(model)` where the engines' weights are computed from the
+    trained ones (a LoRA actor's `named_weights`: merged, under the base names)."""
+
+    def __init__(self, model: nn.Module, export: Callable[[], dict[str, torch.Tensor]] | None = None) -> None:
         self.model = model
+        self._export = export or (lambda: export_named(model))
 
     async def weight_meta(self) -> list[WeightMeta]:
-        return weight_meta(export_named(self.model))
+        return weight_meta(self._export())
 
     async def export_weights(self) -> dict[str, torch.Tensor]:
-        return export_named(self.model)
+        return self._export()
 
     async def weights_checksum(self) -> str:
-        return await asyncio.to_thread(checksum, export_named(self.model))
+        return await asyncio.to_thread(lambda: checksum(self._export()))
 
     async def broadcast_weights(self, group_name: str, bucket_mb: float = DEFAULT_BUCKET_MB) -> int:
-        return await asyncio.to_thread(send_weights, group_name, export_named(self.model), bucket_mb)
+        return await asyncio.to_thread(lambda: send_weights(group_name, self._export(), bucket_mb))
 
 
 class RolloutWeights:

@@ -12,6 +12,12 @@ sequences for the seq-mean-* modes), then clips and steps once. The result is th
 mini-batch `train_step` on the concatenated chunks, up to float rounding. Gradients pending
 between the two calls are not checkpointed.
 
+The learning rate follows `asyncrl.training.optim.LRSchedule` (warm-up, then constant or
+cosine), stepped once per optimizer step; `total_steps` (all optimizer steps of the run) is what
+the cosine and a warm-up ratio need. A LoRA model (`asyncrl.training.lora`) trains its adapters
+only; `named_weights` then gives the merged weights under the base names, and checkpoints hold
+both the merged model and the adapters.
+
 It does not know about pipelines, engines or processes.
 """
 
@@ -30,10 +36,13 @@ from asyncrl.algorithms.kl import kl_penalty
 from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logits
 from asyncrl.algorithms.policy_loss import _FORCED_AGG_MODE, compute_policy_loss
 from asyncrl.config_schema import ActorConfig
+from asyncrl.sync.tensors import export_named
 from asyncrl.training.batch import TrainBatch, mean_over_mini_batches, micro_batches
-from asyncrl.training.optim import make_optimizer, seed_state, set_seed_state
+from asyncrl.training.lora import is_lora, load_lora, merged_named, save_lora
+from asyncrl.training.optim import LRSchedule, make_optimizer, resolve_warmup, seed_state, set_seed_state
 
 if TYPE_CHECKING:
+    from peft import PeftModel
     from transformers import PreTrainedModel
 
 # Ratio-like metrics are averaged over micro-batches by row share; loss-like ones are already
@@ -95,19 +104,34 @@ class RefWorker:
         return torch.cat(parts) * batch.response_mask
 
 
-class Actor:
-    """Model + AdamW (linear warm-up) + PPO-style update."""
+def actor_schedule(cfg: ActorConfig, total_steps: int) -> LRSchedule:
+    """The actor's LR schedule over a run of `total_steps` optimizer steps (0: unknown, which
+    only a constant schedule with warm-up in steps can do without)."""
+    assert total_steps > 0 or (cfg.lr_scheduler == "constant" and cfg.warmup_steps >= 0), \
+        "actor.lr_scheduler=cosine and actor.warmup_steps=-1 need the run's total optimizer steps"
+    return LRSchedule(warmup_steps=resolve_warmup(cfg.warmup_steps, cfg.warmup_ratio, total_steps),
+                      total_steps=total_steps, kind=cfg.lr_scheduler, min_lr_ratio=cfg.min_lr_ratio)
 
-    def __init__(self, model: PreTrainedModel, cfg: ActorConfig, *, temperature: float,
-                 norm_length: int) -> None:
+
+class Actor:
+    """Model (full or LoRA) + AdamW (warm-up, constant or cosine) + PPO-style update."""
+
+    def __init__(self, model: PreTrainedModel | PeftModel, cfg: ActorConfig, *, temperature: float,
+                 norm_length: int, total_steps: int = 0) -> None:
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
         self.norm_length = norm_length
-        self.optimizer, self.scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay,
-                                                        cfg.betas, cfg.warmup_steps)
+        self.schedule = actor_schedule(cfg, total_steps)
+        self.optimizer, self.scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, self.schedule)
         self.version = 0
+        self._last_lr = float(self.scheduler.get_last_lr()[0])
         self._pending: _Accumulated | None = None
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """What the rollout engines load: every parameter under the base model's names (LoRA
+        merged), detached; tensors not merged are not copied."""
+        return merged_named(self.model) if is_lora(self.model) else export_named(self.model)
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
@@ -121,7 +145,7 @@ class Actor:
         assert batch.advantages is not None and batch.old_log_probs is not None
         metrics = mean_over_mini_batches(batch, self.cfg.ppo_epochs, num_mini_batches, self._mini_batch_step)
         self.version += 1
-        return metrics | {"actor/lr": float(self.scheduler.get_last_lr()[0])}
+        return metrics | {"actor/lr": self._last_lr}
 
     def accumulate(self, batch: TrainBatch) -> None:
         """Add the gradient of this chunk's loss sum (unnormalised; see the module docstring).
@@ -145,7 +169,7 @@ class Actor:
         metrics = {k: v / self._metric_count(k, acc) for k, v in acc.metrics.items()}
         metrics["actor/grad_norm"] = self._clip_and_step()
         self.version += 1
-        return metrics | {"actor/lr": float(self.scheduler.get_last_lr()[0])}
+        return metrics | {"actor/lr": self._last_lr}
 
     def _pg_mode(self) -> str:
         """The policy loss's agg mode (gspo forces its own), which must be every gradient term's."""
@@ -182,8 +206,10 @@ class Actor:
         return metrics
 
     def _clip_and_step(self) -> float:
-        """Clip, step the optimizer (skipped on a non-finite norm) and the schedule; the norm."""
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        """Clip, step the optimizer (skipped on a non-finite norm) and the schedule; the norm.
+        `actor/lr` reports the rate this (last) step used, as verl logs it."""
+        grad_norm = nn.utils.clip_grad_norm_(self._trainable(), self.cfg.grad_clip)
+        self._last_lr = float(self.scheduler.get_last_lr()[0])
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.scheduler.step()
@@ -213,17 +239,27 @@ class Actor:
     def _agg(self, values: torch.Tensor, mb: TrainBatch, counts: dict[str, float]) -> torch.Tensor:
         return agg_loss(values, mb.response_mask, self.cfg.loss_agg_mode, norm_length=self.norm_length, **counts)
 
+    def _trainable(self) -> list[nn.Parameter]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
     def save(self, path: Path) -> None:
+        """HF format (LoRA: merged, plus the adapters in `lora_adapter/`) and the optimizer,
+        schedule, version and RNG state in actor_state.pt."""
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
+        if is_lora(self.model):
+            save_lora(self.model, path)
+        else:
+            self.model.save_pretrained(path)
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "version": self.version, "rng": seed_state()}, path / "actor_state.pt")
 
     def load(self, path: Path) -> None:
         from safetensors.torch import load_file
 
-        state = load_file(str(path / "model.safetensors"))
-        self.model.load_state_dict(state, strict=False)
+        if is_lora(self.model):
+            load_lora(self.model, path)  # the merged model.safetensors would add the adapters twice
+        else:
+            self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
         extra = torch.load(path / "actor_state.pt", weights_only=False)
         self.optimizer.load_state_dict(extra["optimizer"])
         self.scheduler.load_state_dict(extra["scheduler"])

@@ -17,7 +17,7 @@ from torch import nn
 from asyncrl.algorithms.value_loss import compute_value_loss
 from asyncrl.config_schema import CriticConfig
 from asyncrl.training.batch import TrainBatch, mean_over_mini_batches, micro_batches
-from asyncrl.training.optim import make_optimizer
+from asyncrl.training.optim import LRSchedule, make_optimizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -45,7 +45,8 @@ class Critic:
         self.cfg = cfg
         self.micro_batch_tokens = micro_batch_tokens
         self.loss_agg_mode = loss_agg_mode
-        self.optimizer, self.scheduler = make_optimizer(self.model, cfg.lr, 0.0, (0.9, 0.999), cfg.warmup_steps)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg.lr, 0.0, (0.9, 0.999),
+                                                        LRSchedule(warmup_steps=cfg.warmup_steps))
 
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:

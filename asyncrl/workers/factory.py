@@ -8,6 +8,7 @@ types are the roles (`asyncrl.roles`), so `mypy` checks the real workers against
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from collections.abc import Callable
 
@@ -21,8 +22,11 @@ from asyncrl.errors import ConfigError
 from asyncrl.models import load_model
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.rollout.registry import build_engine
+from asyncrl.scheduling.batching import num_mini_batches
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.critic import Critic
+from asyncrl.training.memory import enable_gradient_checkpointing
+from asyncrl.training.model import prepare_actor_model
 from asyncrl.types import PromptRow
 from asyncrl.workers.reward import RewardWorker
 from asyncrl.workers.rollout import RequestBuilder
@@ -87,7 +91,26 @@ def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
     if cfg.algorithm.adv_estimator == "gae":
         critic = Critic(model, cfg.critic, micro_batch_tokens=cfg.actor.ppo_micro_batch_tokens,
                         loss_agg_mode=cfg.actor.loss_agg_mode)
-    actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature or 1.0,
-                  norm_length=cfg.data.max_response_length)
+        if cfg.model.enable_gradient_checkpointing:
+            enable_gradient_checkpointing(critic.model.body)
+    # Reference and critic copied the base model above; the actor trains it (LoRA: its adapters).
+    actor = Actor(prepare_actor_model(model, cfg.model), cfg.actor, temperature=cfg.rollout.temperature or 1.0,
+                  norm_length=cfg.data.max_response_length, total_steps=total_optimizer_steps(cfg))
     return PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
                       old_log_prob_source=old_log_prob_source(cfg), num_threads=num_threads)
+
+
+def total_optimizer_steps(cfg: Config) -> int:
+    """The actor's optimizer steps over the run (what the LR schedule spans): updates x
+    mini-batches per update x ppo_epochs; the stream trainer steps once per update.
+
+    Example: 60 steps, train_batch_size 32, ppo_mini_batch_size 16, ppo_epochs 1 -> 120."""
+    a = cfg.actor
+    if cfg.pipeline == "fully_async":
+        per_update = cfg.async_training.require_batches * a.ppo_mini_batch_size
+        prompts = cfg.rollout.total_rollout_steps or cfg.data.train_batch_size * cfg.trainer.total_training_steps
+        return math.ceil(prompts / per_update) * num_mini_batches(per_update, a.ppo_mini_batch_size) * a.ppo_epochs
+    if cfg.stream_trainer.enable:
+        return cfg.trainer.total_training_steps
+    minis = num_mini_batches(cfg.data.train_batch_size, a.ppo_mini_batch_size)
+    return cfg.trainer.total_training_steps * minis * a.ppo_epochs

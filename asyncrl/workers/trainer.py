@@ -65,7 +65,7 @@ class PPOTrainer:
         self.algorithm = algorithm
         self.pad_id = pad_id
         self.old_log_prob_source = old_log_prob_source
-        self.weights = TrainerWeights(actor.model)
+        self.weights = TrainerWeights(actor.model, export=actor.named_weights)
         kl = algorithm.kl_ctrl
         self.kl_ctrl = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
                         if kl.type == "adaptive" else FixedKLController(kl.kl_coef))
