@@ -19,8 +19,12 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
     """Turn on HF gradient checkpointing (non-reentrant) for `model`'s training passes.
 
     It takes effect only in train mode; `use_cache` must be off there (the actor passes
-    `use_cache=False`)."""
+    `use_cache=False`). transformers >= 5.x names it `activation_checkpointing_enable` (the old
+    name warns); older versions only have `gradient_checkpointing_enable`."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        return
     enable = getattr(model, "gradient_checkpointing_enable", None)
     assert enable is not None, f"{type(model).__name__} has no gradient_checkpointing_enable (not an HF model)"
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
+    enable(gradient_checkpointing_kwargs=kwargs)
