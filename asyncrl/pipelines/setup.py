@@ -7,6 +7,7 @@ ray, sim) goes through it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,9 @@ from asyncrl.telemetry.loggers import Tracker, make_tracker
 from asyncrl.telemetry.trace import Trace
 from asyncrl.types import Group, Mode, PromptRow, Trajectory
 
+logger = logging.getLogger("asyncrl.run")
+"""What a run says as it goes (resumes, restarts, stops, dropped rows); `asyncrl --log-level` filters it."""
+
 if TYPE_CHECKING:  # the simulator builds contexts without transformers
     from transformers import PreTrainedTokenizerBase
 
@@ -40,7 +44,7 @@ class RolloutRouter:
     next weight sync has given it the run's weights (`rejoin`)."""
 
     def __init__(self, workers: Sequence[RolloutSide], max_restarts: int = 0,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = logger.info) -> None:
         assert workers, "a run needs at least one rollout worker"
         self.workers = list(workers)
         self.max_restarts = max_restarts
@@ -59,10 +63,14 @@ class RolloutRouter:
             self._in_flight[i] += 1
             self._owner[uid] = i
             try:
-                return await self.workers[i].generate_scored(row, n, uid, mode, score, partials, keep)
+                group = await self.workers[i].generate_scored(row, n, uid, mode, score, partials, keep)
             except WorkerDied:
                 if not self._restarted(i, restarts_seen):
                     raise
+            else:
+                for t in group.trajectories:
+                    t.timings["engine"] = i  # the trace draws each engine's requests on its own track
+                return group
             finally:
                 self._in_flight[i] -= 1
                 self._owner.pop(uid, None)
@@ -127,7 +135,7 @@ class RunContext:
     ledger: SampleLedger
     stop: StopControl
     close: Callable[[], None]
-    log: Callable[[str], None] = print
+    log: Callable[[str], None] = logger.info
     tracker: Tracker | None = None
     total_steps: int = 0
     step: int = 0
@@ -142,7 +150,7 @@ class RunContext:
     """The pipeline's own part of a checkpoint, taken at one instant (see `checkpoint.snapshot`)."""
 
 
-def build_context(cfg: Config, *, log: Callable[[str], None] = print,
+def build_context(cfg: Config, *, log: Callable[[str], None] = logger.info,
                   substrate: Substrate | None = None) -> RunContext:
     """A run on `substrate` (default: the real one `backend=` names, after checking that every
     key set is read by the chosen pipeline)."""
@@ -174,4 +182,5 @@ def open_tracker(ctx: RunContext, initial_step: int) -> Tracker:
     t = ctx.cfg.trainer
     return make_tracker(t.logger, ctx.output_dir, total_steps=ctx.total_steps or t.total_training_steps,
                         initial_step=initial_step, project=t.project_name,
-                        experiment=t.experiment_name, config=config_to_dict(ctx.cfg), log=ctx.log)
+                        experiment=t.experiment_name, config=config_to_dict(ctx.cfg), log=ctx.log,
+                        trace=ctx.trace)

@@ -1,7 +1,10 @@
-"""Metric sinks: console (progress bar), JSONL, TensorBoard, Weights & Biases.
+"""Metric sinks: console (progress bar), JSONL, TensorBoard, Weights & Biases, and the trace.
 
 `make_tracker(names, output_dir, ...)` returns one object whose `log(metrics, step)` fans out
-to every configured sink. Keys are flat with slashes (verl's names). W&B is optional: it is
+to every configured sink (and to the run's trace: its phase spans and counter tracks, see
+`Trace.log_step`). The console sink is a tqdm bar with an ETA on stderr when stderr is a
+terminal; otherwise, and never above INFO, it logs a line now and then to the "asyncrl.progress"
+logger, so `asyncrl --log-level WARNING` silences it. Keys are flat with slashes (verl's names). W&B is optional: it is
 imported only when asked for, and honours WANDB_MODE=offline.
 
 A run resumed from the checkpoint of step K (`initial_step=K > 0`) continues the same records:
@@ -16,13 +19,19 @@ TensorBoard and starts a new W&B run.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from asyncrl.fsutil import atomic_write_text
+from asyncrl.telemetry.trace import Trace
+
+progress_logger = logging.getLogger("asyncrl.progress")
+LINES_PER_RUN = 20
+"""Without a progress bar, about this many step lines per run (and every validated step)."""
 
 CONSOLE_KEYS = ("critic/score/mean", "val/score/mean", "response_length/mean", "actor/pg_loss",
                 "timing_s/step", "trainer/idle_ratio")
@@ -96,27 +105,46 @@ class WandbSink:
 
 
 class ConsoleSink:
-    """A progress bar over steps with the key metrics in its postfix."""
+    """Progress over steps with the key metrics: a bar with an ETA on a terminal at INFO,
+    else a line every ~1/`LINES_PER_RUN` of the run at INFO, else nothing."""
 
-    def __init__(self, total_steps: int, initial: int = 0) -> None:
-        from tqdm import tqdm
+    def __init__(self, total_steps: int, initial: int = 0, desc: str = "train") -> None:
+        self.total, self.step, self.bar = total_steps, initial, None
+        if progress_logger.isEnabledFor(logging.INFO) and sys.stderr.isatty():
+            from tqdm import tqdm
 
-        self.bar = tqdm(total=total_steps, initial=initial, desc="train", file=sys.stderr,
-                        dynamic_ncols=True)
-        self.step = initial
+            self.bar = tqdm(total=total_steps, initial=initial, desc=desc, file=sys.stderr, dynamic_ncols=True)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         shown = {k.split("/", 1)[-1] if k.count("/") == 1 else k: f"{metrics[k]:.3g}"
                  for k in CONSOLE_KEYS if k in metrics}
-        self.bar.set_postfix(shown, refresh=False)
-        self.bar.update(max(step - self.step, 0))
+        validated = {k: round(v, 3) for k, v in metrics.items() if k.startswith("val/") and "/score/" in k}
+        if self.bar is not None:
+            self.bar.set_postfix(shown, refresh=False)
+            self.bar.update(max(step - self.step, 0))
+            if validated:
+                self.bar.write(f"step {step}: {validated}", file=sys.stderr)
+        elif validated or step == self.total or step % max(self.total // LINES_PER_RUN, 1) == 0:
+            progress_logger.info(f"step {step}/{self.total}: " + " ".join(f"{k}={v}" for k, v in shown.items())
+                                 + (f" {validated}" if validated else ""))
         self.step = max(self.step, step)
-        if any(k.startswith("val/") for k in metrics):
-            val = {k: round(v, 3) for k, v in metrics.items() if k.startswith("val/") and "/score/" in k}
-            self.bar.write(f"step {step}: {val}")
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
+
+
+class TraceSink:
+    """Each logged step into the run's trace (`Trace.log_step`): phase spans and counters."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.trace.log_step(metrics, step)
+
+    def close(self) -> None:
+        pass
 
 
 class Tracker:
@@ -134,10 +162,10 @@ class Tracker:
 
 def make_tracker(names: Sequence[str], output_dir: Path, *, total_steps: int, initial_step: int,
                  project: str, experiment: str, config: dict[str, Any],
-                 log: Callable[[str], None] = print) -> Tracker:
+                 log: Callable[[str], None] = print, trace: Trace | None = None) -> Tracker:
     """`initial_step`: the checkpoint step a run resumes from (0: a fresh run)."""
     resume = initial_step > 0
-    sinks: list[Sink] = []
+    sinks: list[Sink] = [TraceSink(trace)] if trace is not None else []
     for name in names:
         if name == "console":
             sinks.append(ConsoleSink(total_steps, initial_step))

@@ -24,7 +24,7 @@ class ManualClock:
 def spans(path):
     """(name, worker, ts, dur) of each span in the file, in file order."""
     events = json.loads(path.read_text())["traceEvents"]
-    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
     return [(e["name"], names[e["tid"]], e["ts"], e["dur"]) for e in events if e["ph"] == "X"]
 
 
@@ -109,3 +109,65 @@ def test_failed_write_leaves_the_earlier_trace_whole(tmp_path, monkeypatch, fail
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["trace.json"]
     assert len(lines) == 1 and "No space left on device" in lines[0]
+
+
+def threads_of(path):
+    """{span name: [thread name, ...]} in file order, and the counters as (process, name, ts, value)."""
+    events = json.loads(path.read_text())["traceEvents"]
+    threads = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    by_name: dict[str, list[str]] = {}
+    for e in events:
+        if e["ph"] == "X":
+            by_name.setdefault(e["name"], []).append(threads[e["tid"]])
+    counters = [(procs[e["pid"]], e["name"], e["ts"], e["args"]["value"]) for e in events if e["ph"] == "C"]
+    return by_name, counters
+
+
+def test_overlapping_requests_go_to_the_lowest_free_lane(tmp_path):
+    with use_clock(ManualClock(0.0)):
+        trace = Trace()
+    # engine 0: a [0, 4), b [1, 2), c [2, 5) (b's lane is free again at 2), d [4, 6) (a's lane free)
+    for start, end in [(0, 4), (1, 2), (2, 5), (4, 6)]:
+        trace.add("gen", "rollout0/gen", start, end)
+    trace.add("gen", "rollout1/gen", 1, 3)
+    trace.export(tmp_path / "t.json")
+    by_name, counters = threads_of(tmp_path / "t.json")
+    assert by_name["gen"] == ["rollout0/gen", "rollout0/gen #1", "rollout0/gen #1", "rollout0/gen", "rollout1/gen"]
+    running = [(ts / 1e6, v) for p, n, ts, v in counters if p == "rollout0" and n == "running requests"]
+    assert running == [(0, 1), (1, 2), (2, 2), (4, 2), (5, 1), (6, 0)]
+
+
+def test_a_logged_step_splits_its_update_into_stages_and_samples_counters(tmp_path):
+    clock = ManualClock(0.0)
+    with use_clock(clock):
+        trace = Trace()
+        trace.add("train", "trainer", 10.0, 14.0, step=3)
+        clock.t = 20.0
+        # the stages add up to 8 s, twice the update's 4 s: laid end to end at half their length
+        trace.log_step({"timing_s/old_log_prob": 2.0, "timing_s/adv": 2.0, "timing_s/update_actor": 4.0,
+                        "timing_s/gen": 9.0, "rollouter/running": 5, "fully_async/queue/size": 2}, step=3)
+    trace.export(tmp_path / "t.json")
+    assert [s for s in spans(tmp_path / "t.json")] == [
+        ("train", "trainer", 10e6, 4e6), ("old_log_prob", "trainer", 10e6, 1e6), ("adv", "trainer", 11e6, 1e6),
+        ("update_actor", "trainer", 12e6, 2e6)]
+    _, counters = threads_of(tmp_path / "t.json")
+    assert counters == [("pipeline", "rollouter/running", 20e6, 5.0), ("pipeline", "fully_async/queue/size", 20e6, 2.0)]
+
+
+def test_responses_scored_in_one_batch_share_a_reward_span(tmp_path):
+    from asyncrl.types import Group, PromptRow, Trajectory
+
+    def traj(i: int, gen: tuple[float, float]) -> Trajectory:
+        timings = {"gen_start": gen[0], "gen_end": gen[1], "reward_start": 5.0, "reward_end": 6.0, "engine": 1}
+        return Trajectory(f"p/{i}", [1], [2, 3], [0.0, 0.0], [0, 0], "stop", timings=timings)
+
+    with use_clock(ManualClock(0.0)):
+        trace = Trace()
+    row = PromptRow(uid="p", data_source="s", messages=(), ground_truth="a", prompt_ids=(1,))
+    trace.add_group(Group("p", row, [traj(0, (0.0, 2.0)), traj(1, (1.0, 4.0)), traj(2, (2.0, 3.0))]), "rollout")
+    trace.export(tmp_path / "t.json")
+    by_name, _ = threads_of(tmp_path / "t.json")
+    assert by_name == {"gen": ["rollout1/gen", "rollout1/gen #1", "rollout1/gen"], "reward": ["rollout1/reward"]}
+    reward = next(e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["name"] == "reward")
+    assert reward["args"]["responses"] == 3
