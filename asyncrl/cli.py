@@ -1,16 +1,25 @@
-"""The `asyncrl` command: `asyncrl train|sim|config [CONFIG.yaml] [key=value ...]`.
+"""The `asyncrl` command: `asyncrl [--log-level LEVEL] train|sim|config|eval [CONFIG.yaml] [key=value ...]`.
 
-A YAML file (optional) then dotted overrides, e.g.
+A YAML file (optional) then dotted overrides (ours or verl's names), e.g.
 `asyncrl train pipeline=colocated trainer.total_training_steps=20 rollout.n=8`.
 `asyncrl sim` runs the same config on a modelled cluster in virtual time (`--compare` several
 variants side by side, `--fit metrics.jsonl` fits a profile to a measured run).
 `asyncrl config` prints the resolved config with every key documented.
+`asyncrl eval` scores a model on held-out prompts: mean@k and pass@k under verl's names.
+`asyncrl COMMAND --help` lists the command's options and the config groups.
+
+Output goes through `logging` (`asyncrl.telemetry.logs`): progress and run messages at INFO,
+so `--log-level WARNING` leaves warnings and errors; results (tables, YAML) go to stdout.
+The argument parser here only reads the command, the global options and `--help`; each command
+reads its own arguments (`train(args)`, `sim(args)`, ...), so they can come in any order.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
+import logging
 import sys
 import time
 import traceback
@@ -18,9 +27,13 @@ from pathlib import Path
 
 import yaml
 
-from asyncrl.config import load_config
+from asyncrl.config import field_docs, load_config
+from asyncrl.config_schema import Config
 from asyncrl.errors import AsyncRLError
 from asyncrl.preflight import preflight
+from asyncrl.telemetry.logs import LEVELS, setup_logging
+
+logger = logging.getLogger("asyncrl.cli")
 
 _TRACEBACK_HINT = " (run with --debug for the traceback)"
 _FILE_ERRNOS = (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.EROFS, errno.EDQUOT)
@@ -34,7 +47,7 @@ def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
 def train(args: list[str]) -> int:
     path, overrides = _split_args(args)
     cfg = load_config(path, overrides)
-    preflight(cfg, _stderr)
+    preflight(cfg, logger.warning)
     from asyncrl.pipelines import run_pipeline
     from asyncrl.pipelines.setup import build_context
     from asyncrl.pipelines.stopping import Stopped
@@ -44,43 +57,67 @@ def train(args: list[str]) -> int:
     try:
         step = run_pipeline(ctx)
     except Stopped as exc:
-        print(f"asyncrl: {exc} after update {ctx.step}", file=sys.stderr)
+        logger.warning(f"asyncrl: {exc} after update {ctx.step}")
         return exc.exit_code
-    print(f"done: {step} steps in {time.perf_counter() - start:.1f} s; outputs in {ctx.output_dir}",
-          file=sys.stderr)
+    logger.info(f"done: {step} steps in {time.perf_counter() - start:.1f} s; outputs in {ctx.output_dir}")
     return 0
 
 
-def sim(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="asyncrl sim")
+def _sim_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", nargs="+", default=None, metavar="VARIANT",
                         help="quoted override strings, or 'modes' for every pipeline and mode")
     parser.add_argument("--fit", type=Path, default=None, metavar="METRICS.jsonl",
                         help="fit sim.profile's efficiencies to a measured run of this config")
     parser.add_argument("--out", type=Path, default=Path("profile-fitted.yaml"), help="where --fit writes")
+
+
+def sim(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl sim")
+    _sim_options(parser)
     ns, rest = parser.parse_known_args(args)
     path, overrides = _split_args(rest)
     if ns.compare:
         from asyncrl.sim.compare import compare
         from asyncrl.sim.summary import table
 
-        print(table(compare(path, overrides, ns.compare, log=lambda m: print(m, file=sys.stderr))))
+        print(table(compare(path, overrides, ns.compare, log=logger.info)))
         return 0
     cfg = load_config(path, overrides)
     if ns.fit:
         from asyncrl.sim.fit import fit_from_run
 
-        fit_from_run(cfg, ns.fit, ns.out, log=lambda m: print(m, file=sys.stderr))
-        print(f"wrote {ns.out}; use it with sim.profile={ns.out}", file=sys.stderr)
+        fit_from_run(cfg, ns.fit, ns.out, log=logger.info)
+        logger.info(f"wrote {ns.out}; use it with sim.profile={ns.out}")
         return 0
     from asyncrl.sim.run import sim_config, simulate
     from asyncrl.sim.summary import table
 
     cfg = sim_config(cfg)
-    summary = simulate(cfg)
+    summary = simulate(cfg, log=logger.info)
     print(table([summary]))
-    print(f"simulated {summary.steps} steps ({summary.total_s:.0f} virtual s) in {summary.sim_wall_s:.1f} s; "
-          f"metrics and trace in {cfg.trainer.output_dir}", file=sys.stderr)
+    logger.info(f"simulated {summary.steps} steps ({summary.total_s:.0f} virtual s) in {summary.sim_wall_s:.1f} s; "
+                f"metrics and trace in {cfg.trainer.output_dir}")
+    return 0
+
+
+def _eval_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("eval.json"), metavar="FILE.json",
+                        help="where the metrics go as JSON (default: eval.json)")
+
+
+def evaluate(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl eval")
+    _eval_options(parser)
+    ns, rest = parser.parse_known_args(args)
+    path, overrides = _split_args(rest)
+    cfg = load_config(path, overrides)
+    from asyncrl.eval import check_eval, run_eval, table, write_report
+
+    check_eval(cfg)
+    report = run_eval(cfg)
+    print(table(report))
+    write_report(report, ns.out)
+    logger.info(f"wrote {ns.out}")
     return 0
 
 
@@ -115,26 +152,90 @@ def _verl_entry(args: list[str]) -> tuple[str | None, list[str]]:
     return None, rest
 
 
+COMMANDS = {
+    "train": "train a policy (GRPO, PPO, ...) with the pipeline and backend the config names",
+    "sim": "run the config on a modelled cluster in virtual time",
+    "config": "print the resolved config, every key with its one-line doc",
+    "eval": "mean@k and pass@k of model.path on data.val_files (or the built-in task's test split)",
+}
+
+
+def config_groups() -> str:
+    """The config's sections and top-level keys with their one-line docs (every command's --help)."""
+    docs = field_docs(Config)
+    lines = ["config groups (set as section.key=value; `asyncrl config` lists every key):"]
+    for f in dataclasses.fields(Config):
+        is_section = f.default is dataclasses.MISSING
+        lines.append(f"  {f.name + ('.*' if is_section else ''):<20} {docs.get(f.name, '')}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command, the global options and each command's --help (its arguments are its own)."""
+    parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__.split("\n\n")[0],
+                                     epilog=config_groups(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    _global_options(parser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name, summary in COMMANDS.items():
+        sub = commands.add_parser(name, help=summary, description=summary, epilog=config_groups(),
+                                  usage=f"asyncrl {name} [options] [CONFIG.yaml] [key=value ...]",
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        _global_options(sub, argparse.SUPPRESS)
+        {"sim": _sim_options, "eval": _eval_options, "config": _config_options}.get(name, _no_options)(sub)
+    return parser
+
+
+def _global_options(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    parser.add_argument("--debug", action="store_true", default=default or False,
+                        help="show the traceback of an error")
+    parser.add_argument("--log-level", choices=LEVELS, default=default or "INFO", type=str.upper,
+                        help="DEBUG | INFO (default: progress and run messages) | WARNING | ERROR")
+
+
+def _config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reference", action="store_true", help="every key as the Markdown of docs/configuration.md")
+    parser.add_argument("--from-verl", action="store_true",
+                        help="the arguments are a verl command line ([python3 -m MODULE] key=value ...)")
+
+
+def _no_options(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _command_args(argv: list[str]) -> tuple[list[str], bool, str]:
+    """(the arguments after the command, --debug, --log-level), global options taken from anywhere."""
+    rest, debug, level = [], False, "INFO"
+    it = iter(argv)
+    for a in it:
+        if a == "--debug":
+            debug = True
+        elif a == "--log-level" or a.startswith("--log-level="):
+            level = (a.partition("=")[2] if "=" in a else next(it, "")).upper()
+        else:
+            rest.append(a)
+    return rest[1:], debug, level
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv  # before or after the command
-    parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    parser.add_argument("command", choices=["train", "sim", "config"])
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="[CONFIG.yaml] [key=value ...]")
-    ns = parser.parse_args([a for a in argv if a != "--debug"])
+    args, debug, level = _command_args(argv)
     try:
-        return {"train": train, "sim": sim, "config": show_config}[ns.command](ns.args)
+        ns, _ = build_parser().parse_known_args(argv)  # the command, --help, a bad --log-level
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    setup_logging(level)
+    handlers = {"train": train, "sim": sim, "config": show_config, "eval": evaluate}
+    try:
+        return handlers[ns.command](args)
     except KeyboardInterrupt:
-        print("asyncrl: interrupted", file=sys.stderr)
+        logger.error("asyncrl: interrupted")
         return 130
     except Exception as exc:
         return report_error(exc, debug)
 
 
 def report_error(exc: BaseException, debug: bool = False) -> int:
-    """Print one line for `exc` (after its traceback with `debug`) and return the exit status:
+    """Log one line for `exc` (after its traceback with `debug`) and return the exit status:
     2 for a user's error (ours, or a missing file, a full disk, bad YAML), 1 for anything else."""
     if debug:
         traceback.print_exception(type(exc), exc, exc.__traceback__)
@@ -143,13 +244,13 @@ def report_error(exc: BaseException, debug: bool = False) -> int:
     if isinstance(exc, AsyncRLError):
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         more = " (run with --debug for the full message)" if len(lines) > 1 and not debug else ""
-        print(f"asyncrl: error: {lines[0]}{more}", file=sys.stderr)
+        logger.error(f"asyncrl: error: {lines[0]}{more}")
         return 2
     user_error = _user_error(exc)
     if user_error is not None:
-        print(f"asyncrl: error: {user_error}{hint}", file=sys.stderr)
+        logger.error(f"asyncrl: error: {user_error}{hint}")
         return 2
-    print(f"asyncrl: internal error: {type(exc).__name__}: {_one_line(exc)}{hint}", file=sys.stderr)
+    logger.error(f"asyncrl: internal error: {type(exc).__name__}: {_one_line(exc)}{hint}")
     return 1
 
 
@@ -186,10 +287,6 @@ def _remote_cause(exc: BaseException) -> BaseException:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -125,3 +125,43 @@ def test_an_unexpected_error_is_internal(monkeypatch: pytest.MonkeyPatch, capsys
     assert cli.main(["config"]) == 1
     assert one_error_line(capsys) == ("asyncrl: internal error: KeyError: 'step' "
                                       "(run with --debug for the traceback)")
+
+
+@pytest.mark.parametrize("command", ["train", "sim", "config", "eval"])
+def test_every_command_has_help_listing_the_config_groups(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    assert cli.main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: asyncrl {command} ")
+    for group, doc in [("rollout.*", "Generation."), ("actor.*", "Policy optimisation."), ("pipeline", "colocated |")]:
+        assert any(line.split()[:1] == [group] and doc in line for line in out.splitlines()), group
+    assert "--log-level" in out
+
+
+def test_top_level_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"    {c} " in out for c in ("train", "sim", "config", "eval"))
+
+
+def test_log_level_warning_silences_progress_and_run_messages(capsys: pytest.CaptureFixture[str]) -> None:
+    """A tiny simulated run: at INFO the progress lines and the summary line come on stderr; at
+    WARNING none of them (the results table stays on stdout)."""
+    args = ["sim", "sim.profile=cpu-tiny", "trainer.total_training_steps=3", "trainer.logger=[console]",
+            "trainer.output_dir=simrun"]
+    assert cli.main(["--log-level", "INFO", *args]) == 0
+    loud = capsys.readouterr()
+    assert "step 3/3:" in loud.err and "simulated 3 steps" in loud.err
+    assert cli.main([*args[:-1], "trainer.output_dir=simrun2", "--log-level=warning"]) == 0
+    quiet = capsys.readouterr()
+    assert quiet.err == "" and quiet.out.splitlines()[0] == loud.out.splitlines()[0]  # the table's header
+
+
+def test_backend_ray_without_ray_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert cli.main(["train", "backend=ray", "trainer.output_dir=run"]) == 2
+    assert one_error_line(capsys) == ("asyncrl: error: backend=ray needs Ray, which is not installed: "
+                                      "pip install 'asyncrl[ray]' (or set backend=local)")

@@ -104,6 +104,24 @@ class WandbSink:
         self.run.finish()
 
 
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str) -> Any:
+    """A tqdm bar with an ETA on stderr when stderr is a terminal and "asyncrl.progress" logs INFO;
+    else one that shows nothing (`update`, `close`)."""
+    if not (progress_logger.isEnabledFor(logging.INFO) and sys.stderr.isatty()):
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True)
+
+
 class ConsoleSink:
     """Progress over steps with the key metrics: a bar with an ETA on a terminal at INFO,
     else a line every ~1/`LINES_PER_RUN` of the run at INFO, else nothing."""
