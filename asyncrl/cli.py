@@ -89,11 +89,12 @@ def sim(args: list[str]) -> int:
         fit_from_run(cfg, ns.fit, ns.out, log=logger.info)
         logger.info(f"wrote {ns.out}; use it with sim.profile={ns.out}")
         return 0
+    from asyncrl.pipelines.setup import log_line
     from asyncrl.sim.run import sim_config, simulate
     from asyncrl.sim.summary import table
 
     cfg = sim_config(cfg)
-    summary = simulate(cfg, log=logger.info)
+    summary = simulate(cfg, log=log_line)
     print(table([summary]))
     logger.info(f"simulated {summary.steps} steps ({summary.total_s:.0f} virtual s) in {summary.sim_wall_s:.1f} s; "
                 f"metrics and trace in {cfg.trainer.output_dir}")

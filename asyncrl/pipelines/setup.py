@@ -29,6 +29,11 @@ from asyncrl.types import Group, Mode, PromptRow, Trajectory
 logger = logging.getLogger("asyncrl.run")
 """What a run says as it goes (resumes, restarts, stops, dropped rows); `asyncrl --log-level` filters it."""
 
+
+def log_line(message: str) -> None:
+    """A run's message to `logger`: at WARNING when it says so ("warning: ..."), else INFO."""
+    (logger.warning if message.lstrip().lower().startswith("warning") else logger.info)(message)
+
 if TYPE_CHECKING:  # the simulator builds contexts without transformers
     from transformers import PreTrainedTokenizerBase
 
@@ -44,7 +49,7 @@ class RolloutRouter:
     next weight sync has given it the run's weights (`rejoin`)."""
 
     def __init__(self, workers: Sequence[RolloutSide], max_restarts: int = 0,
-                 log: Callable[[str], None] = logger.info) -> None:
+                 log: Callable[[str], None] = log_line) -> None:
         assert workers, "a run needs at least one rollout worker"
         self.workers = list(workers)
         self.max_restarts = max_restarts
@@ -135,7 +140,7 @@ class RunContext:
     ledger: SampleLedger
     stop: StopControl
     close: Callable[[], None]
-    log: Callable[[str], None] = logger.info
+    log: Callable[[str], None] = log_line
     tracker: Tracker | None = None
     total_steps: int = 0
     step: int = 0
@@ -150,7 +155,7 @@ class RunContext:
     """The pipeline's own part of a checkpoint, taken at one instant (see `checkpoint.snapshot`)."""
 
 
-def build_context(cfg: Config, *, log: Callable[[str], None] = logger.info,
+def build_context(cfg: Config, *, log: Callable[[str], None] = log_line,
                   substrate: Substrate | None = None) -> RunContext:
     """A run on `substrate` (default: the real one `backend=` names, after checking that every
     key set is read by the chosen pipeline)."""
