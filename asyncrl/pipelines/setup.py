@@ -34,6 +34,7 @@ def log_line(message: str) -> None:
     """A run's message to `logger`: at WARNING when it says so ("warning: ..."), else INFO."""
     (logger.warning if message.lstrip().lower().startswith("warning") else logger.info)(message)
 
+
 if TYPE_CHECKING:  # the simulator builds contexts without transformers
     from transformers import PreTrainedTokenizerBase
 

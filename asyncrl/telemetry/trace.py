@@ -135,9 +135,14 @@ class Trace:
         if parent is not None:
             self._split(parent, metrics)
         ts = (clock.now() - self.origin) * 1e6
+        samples = [{"name": k, "ph": "C", "proc": "pipeline", "ts": ts, "args": {"value": float(metrics[k])}}
+                   for k in COUNTERS if k in metrics]
+        if not self.enabled:
+            return
         with self._lock:
-            self._events += [{"name": k, "ph": "C", "proc": "pipeline", "ts": ts, "args": {"value": float(metrics[k])}}
-                             for k in COUNTERS if k in metrics]
+            room = max(self.max_events - len(self._events), 0)
+            self._events += samples[:room]
+            self.dropped += len(samples[room:])
 
     def _split(self, parent: dict[str, Any], metrics: Mapping[str, float]) -> None:
         stages = [(s, float(metrics[f"timing_s/{s}"])) for s in TRAIN_STAGES if f"timing_s/{s}" in metrics]

@@ -171,3 +171,11 @@ def test_responses_scored_in_one_batch_share_a_reward_span(tmp_path):
     assert by_name == {"gen": ["rollout1/gen", "rollout1/gen #1", "rollout1/gen"], "reward": ["rollout1/reward"]}
     reward = next(e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["name"] == "reward")
     assert reward["args"]["responses"] == 3
+
+
+def test_counters_count_against_max_events(tmp_path):
+    with use_clock(ManualClock(0.0)):
+        trace = Trace(max_events=3)
+        trace.add("train", "trainer", 0.0, 1.0)
+        trace.log_step({"rollouter/running": 1, "rollouter/waiting": 2, "fully_async/queue/size": 3}, step=1)
+    assert len(trace.events()) == 3 and trace.dropped == 1
