@@ -14,6 +14,7 @@ from asyncrl.pipelines.checkpoint import load_checkpoint, save_checkpoint, snaps
 from asyncrl.pipelines.setup import RunContext, open_tracker
 from asyncrl.pipelines.stopping import Stopped
 from asyncrl.telemetry.metrics import group_metrics, timer
+from asyncrl.telemetry.perf import run_devices, step_perf
 from asyncrl.types import Group, PromptRow
 from asyncrl.workers.validation import summarise
 
@@ -109,8 +110,8 @@ def due(step: int, freq: int, total: int) -> bool:
 
 async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
                      groups: Sequence[Group], validate_now: bool | None = None) -> None:
-    """Data metrics, scheduled validation and checkpoint, then log the step; then stop if a
-    stop signal came."""
+    """Data and perf/* metrics, scheduled validation and checkpoint, then log the step; then stop
+    if a stop signal came."""
     t = ctx.cfg.trainer
     state = snapshot(ctx)  # now: the rollout side goes on while we validate
     if groups:
@@ -121,6 +122,7 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
     metrics["training/responses"] = sum(len(g.trajectories) for g in groups)
     metrics["training/global_step"] = step
     metrics["training/epoch"] = ctx.prompts.epoch
+    metrics |= step_perf(metrics, groups, run_devices(ctx.cfg))
     if validate_now if validate_now is not None else due(step, t.test_freq, ctx.total_steps):
         metrics |= await run_validation(ctx, step)
     if due(step, t.save_freq, ctx.total_steps):

@@ -36,6 +36,7 @@ from asyncrl.config_schema import AlgorithmConfig
 from asyncrl.scheduling.batching import num_mini_batches
 from asyncrl.sync import TrainerWeights, WeightMeta
 from asyncrl.telemetry.metrics import masked_stats, timer
+from asyncrl.telemetry.perf import ModelShape, actor_mfu, cuda_name, memory_metrics
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.batch import TrainBatch, build_batch
 from asyncrl.training.critic import Critic
@@ -84,7 +85,7 @@ class PPOTrainer:
                 metrics |= self.critic.train_step(batch, minis)
         with timer("update_actor", metrics):
             metrics |= self.actor.train_step(batch, minis)
-        return metrics
+        return metrics | self._perf([batch], metrics, passes=self.actor.cfg.ppo_epochs)
 
     @blocking
     def train_groups(self, groups: Sequence[Group]) -> dict[str, float]:
@@ -122,7 +123,15 @@ class PPOTrainer:
             self.kl_ctrl.update(current_kl, n_steps=sum(b.size for b in stream.batches))
         with timer("update_actor", metrics):
             metrics |= self.actor.apply_update()
-        return metrics
+        return metrics | self._perf(stream.batches, metrics, passes=1)
+
+    def _perf(self, batches: Sequence[TrainBatch], metrics: dict[str, float], passes: int) -> dict[str, float]:
+        """This process's memory and, on a known GPU, the actor update's MFU (`telemetry.perf`)."""
+        device = next(self.actor.model.parameters()).device
+        lens = [int(n) for b in batches for n in b.attention_mask.sum(-1)]
+        shape = ModelShape.from_hf(getattr(self.actor.model, "config", None))
+        return memory_metrics(device) | actor_mfu(shape, lens, metrics.get("timing_s/update_actor", 0.0),
+                                                  passes, cuda_name(device))
 
     def _prepare(self, groups: Sequence[Group], metrics: dict[str, float]) -> TrainBatch:
         """The batch of these groups with old/ref log-probs, values and advantages."""

@@ -81,7 +81,7 @@ def test_streamed_step_equals_plain_step(mode: str, extra: dict[str, dict]) -> N
     torch.testing.assert_close(w_stream, w_plain, rtol=1e-5, atol=1e-5)
     assert set(got) == set(want)
     for key in want:
-        if not key.startswith("timing_s/"):
+        if not key.startswith(("timing_s/", "perf/")):  # times and memory vary run to run
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
     assert stream.actor.version == plain.actor.version == 1
     assert stream.kl_ctrl.value == pytest.approx(plain.kl_ctrl.value, rel=1e-9, abs=1e-12)
