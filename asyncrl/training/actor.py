@@ -249,7 +249,7 @@ class Actor:
         if is_lora(self.model):
             save_lora(self.model, path)
         else:
-            self.model.save_pretrained(path)
+            self.model.save_pretrained(str(path))
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "version": self.version, "rng": seed_state()}, path / "actor_state.pt")
 

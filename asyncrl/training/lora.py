@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from torch import nn
@@ -56,11 +56,11 @@ def apply_lora(model: nn.Module, rank: int, alpha: int, target_modules: tuple[st
     return wrapped
 
 
-def is_lora(model: nn.Module) -> bool:
+def is_lora(model: nn.Module) -> TypeGuard[PeftModel]:
     return hasattr(model, "peft_config")
 
 
-def _lora_layers(base: nn.Module) -> dict[str, nn.Module]:
+def _lora_layers(base: nn.Module) -> dict[str, Any]:
     """LoRA layers by the name of the frozen weight they wrap (`....q_proj.base_layer.weight`)."""
     lora_layer = _peft().tuners.lora.LoraLayer
     return {f"{name}.base_layer.weight": m for name, m in base.named_modules() if isinstance(m, lora_layer)}
@@ -88,8 +88,9 @@ def merged_named(model: PeftModel) -> dict[str, torch.Tensor]:
 def save_lora(model: PeftModel, path: Path) -> None:
     """The merged model in HF format under `path`, the adapters under `path / ADAPTER_DIR`."""
     path.mkdir(parents=True, exist_ok=True)
-    model.get_base_model().save_pretrained(path, state_dict=merged_named(model))
-    model.save_pretrained(path / ADAPTER_DIR)
+    base: Any = model.get_base_model()
+    base.save_pretrained(path, state_dict=merged_named(model))
+    model.save_pretrained(str(path / ADAPTER_DIR))
 
 
 def load_lora(model: PeftModel, path: Path) -> None:

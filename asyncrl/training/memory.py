@@ -22,8 +22,9 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
     `use_cache=False`). transformers >= 5.x names it `activation_checkpointing_enable` (the old
     name warns); older versions only have `gradient_checkpointing_enable`."""
     kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    new_name = getattr(model, "activation_checkpointing_enable", None)
+    if new_name is not None:
+        new_name(activation_checkpointing_kwargs=kwargs)
         return
     enable = getattr(model, "gradient_checkpointing_enable", None)
     assert enable is not None, f"{type(model).__name__} has no gradient_checkpointing_enable (not an HF model)"

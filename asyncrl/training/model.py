@@ -8,14 +8,18 @@ reference model and the critic from the model *before* this call: they need the 
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
 from asyncrl.config_schema import ModelConfig
 from asyncrl.training.lora import apply_lora
 from asyncrl.training.memory import enable_gradient_checkpointing
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
-def prepare_actor_model(model: nn.Module, cfg: ModelConfig) -> nn.Module:
+
+def prepare_actor_model(model: PreTrainedModel, cfg: ModelConfig) -> PreTrainedModel | PeftModel:
     """`model` (changed in place) with checkpointing on if asked, wrapped in LoRA adapters when
     `cfg.lora_rank > 0` (then only the adapters train)."""
     if cfg.enable_gradient_checkpointing:
