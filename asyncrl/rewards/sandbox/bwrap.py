@@ -20,8 +20,10 @@ every process inside, orphans and daemons included.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -33,8 +35,17 @@ from asyncrl.rewards.sandbox.process import BOOT, run_process, uid_slot
 _SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 
 
+@functools.lru_cache(maxsize=1)
 def available() -> bool:
-    return shutil.which("bwrap") is not None
+    """bwrap is installed and works here (a container may forbid the namespaces it needs)."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return False
+    probe = [path, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--die-with-parent", "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def mounts(python: str) -> list[str]:
