@@ -284,7 +284,7 @@ VALUE_RULES: dict[str, tuple[str, ...]] = {
     "to -1 (off) or >= 0": ("async_training.max_version_lag",),
     "in (0, 1]": ("rollout.top_p", "reward.max_failure_ratio", "stream_trainer.min_done",
                   "stream_trainer.max_done", "stream_trainer.check_every"),
-    "in [0, 1]": ("algorithm.gamma", "algorithm.lam", "sim.accuracy"),
+    "in [0, 1]": ("algorithm.gamma", "algorithm.lam", "sim.accuracy", "sim.length_prompt_share"),
     "in [0, 1)": ("actor.betas",),
     "in (0, 10]": ("rollout.temperature",),
     "in [0, 10]": ("rollout.val_temperature",),

@@ -319,6 +319,8 @@ class SimConfig:
     """Lognormal shape of response lengths: 0.9 puts the longest of 8K responses ~25x above the median."""
     length_growth: float = 0.0
     """Relative growth of the median length per policy version (0.0025 doubles it in 400 versions)."""
+    length_prompt_share: float = 0.0
+    """Share of the log-length variance a prompt explains (its difficulty): 0 = responses independent of the prompt."""
     prompt_length: int = 150
     """Prompt tokens per row."""
     accuracy: float = 0.5
