@@ -304,7 +304,7 @@ class TPPlannerConfig:
     growth: float = 1.05
     """Double TP when a step's preemptions exceed this x the previous step's."""
     calm_steps: int = 4
-    """Halve TP after this many steps in a row without preemptions."""
+    """Halve TP after this many steps in a row without preemptions (never below rollout.tensor_model_parallel_size)."""
     max_tp: int = 8
     """Largest TP size (a TP group never crosses a node: also capped by rollout.n_gpus_per_node)."""
 
