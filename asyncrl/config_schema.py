@@ -318,7 +318,7 @@ class TPPlannerConfig:
     growth: float = 1.05
     """Double TP when a step's preemptions exceed this x the previous step's."""
     calm_steps: int = 4
-    """Halve TP after this many steps in a row without preemptions."""
+    """Halve TP after this many steps in a row without preemptions (never below rollout.tensor_model_parallel_size)."""
     max_tp: int = 8
     """Largest TP size (a TP group never crosses a node: also capped by rollout.n_gpus_per_node)."""
 
@@ -333,6 +333,8 @@ class SimConfig:
     """Lognormal shape of response lengths: 0.9 puts the longest of 8K responses ~25x above the median."""
     length_growth: float = 0.0
     """Relative growth of the median length per policy version (0.0025 doubles it in 400 versions)."""
+    length_prompt_share: float = 0.0
+    """Share of the log-length variance a prompt explains (its difficulty): 0 = responses independent of the prompt."""
     prompt_length: int = 150
     """Prompt tokens per row."""
     accuracy: float = 0.5

@@ -131,6 +131,62 @@ def plan_section(plan: Any) -> list[str]:
     return [*out, "", "![plan](img/plan128.png)"]
 
 
+def long_tail_sim_section(data: Any) -> list[str]:
+    if not data:
+        return ["_not run yet: `./run.sh bench --only long_tail_sim`_"]
+    head = ["| setting | variant | step s | gen s | reward s | reward s, 1 pool | old_lp s | train h | speed-up "
+            "| aborted tokens | resp. len | TP |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def rows(key: str) -> list[str]:
+        out = []
+        for res in data["settings"]:
+            where = f"{res['setting']}, {res['max_response'] // 1024}K, {res['gpus']} GPUs"
+            for r in res[key]:
+                tp = "/".join(map(str, r["tp_sizes"])) or str(r["rollout_tp"])
+                out.append(f"| {where} | {r['variant']} | {r['step_s']:.1f} | {r['gen_s']:.1f} | {r['reward_s']:.1f} "
+                           f"| {r['reward_shared_pool_s']:.1f} "
+                           f"| {r['old_log_prob_s']:.1f} | {r['train_s'] / 3600:.2f} | {r['speedup']:.2f}× "
+                           f"| {r['aborted_token_share']:.1%} | {r['response_length_mean']:.0f} | {tp} |")
+        return out
+
+    return [f"Command: `{data['command']}` ({data['steps']} steps per run; the whole script took "
+            f"{data['seconds']:.0f} s). Variants are cumulative; speed-up = colocated's train time / the variant's; "
+            "`reward s, 1 pool`: the reward still waited for after generation if every response queued for one "
+            "shared pool of the workers (the simulator's reward scheduler gives each rollout server its own pool). "
+            "Assumptions:", "", *[f"- {a}" for a in data["assumptions"]], "", *head, *rows("rows"), "",
+            "Why the stream trainer and the TP planner do not pay here (speed-up still vs the colocated row above): "
+            "the same variants without the profile's ~40 s fixed cost per log-prob pass, which the simulator "
+            "charges for every streamed chunk, and tail batching + reward scheduler at twice the rollout TP, "
+            "fixed. Details in [long_tail_bench.md](long_tail_bench.md).", "", *head, *rows("diagnostics")]
+
+
+def long_tail_cpu_section(data: Any) -> list[str]:
+    if not data:
+        return ["_not run yet: `./run.sh bench --only long_tail_cpu`_"]
+
+    def sp(stat: dict[str, float] | None, digits: int = 1) -> str:
+        if not stat:
+            return "–"
+        mean, lo, hi = (f"{stat[k]:.{digits}f}" for k in ("mean", "min", "max"))
+        return mean if lo == hi else f"{mean} ({lo}-{hi})"
+
+    lt = data["longtail"]
+    base = lt[0]["train_s"]["mean"]
+    out = [f"Command: `{data['command']}`; mean (min-max) of {data['args']['repeats']} runs per configuration, "
+           f"alternating. Load: `{data['uptime_before']}` before, `{data['uptime_after']}` after (a load above 2 on "
+           "these 2 cores means other work ran alongside: rerun on an idle machine before trusting the numbers).", "",
+           "| configuration | gen s/step | old_lp + update s/step | end-to-end s | speed-up | final val score |",
+           "|---|---|---|---|---|---|"]
+    out += [f"| {r['config']} | {sp(r['gen_s'], 2)} | {r['old_log_prob_s']['mean'] + r['update_actor_s']['mean']:.2f} "
+            f"| {sp(r['train_s'])} | {base / r['train_s']['mean']:.2f}× "
+            f"| {sp(r['final_val_score'], 3)} |" for r in lt]
+    out += ["", "| code rewards | gen s/step | reward s/step after gen | reward hidden | end-to-end s |",
+            "|---|---|---|---|---|"]
+    out += [f"| {r['config']} | {sp(r['gen_s'], 2)} | {sp(r['reward_s'], 2)} | {sp(r['hidden_ratio'], 2)} "
+            f"| {sp(r['train_s'])} |" for r in data["code"]]
+    return out
+
+
 def _spread(stat: dict[str, float] | None, unit: str = " s", digits: int = 2, scale: float = 1.0) -> str:
     """"1.04 s (0.96-1.27)": median (min-max) over the repeats, each value times `scale`."""
     if not stat:
@@ -269,6 +325,10 @@ def main() -> None:
         *plan_section(load("plan")), "",
         "## Faults: what a stop, a kill, a failing reward or a full disk costs (tiny model)", "",
         *faults_section(load("faults")), "",
+        "## Long-tail remedies (RollPacker) in the simulator: 7B/14B/32B on 16/32/64 H800-class GPUs", "",
+        *long_tail_sim_section(load("long_tail_sim")), "",
+        "## Long-tail remedies on this CPU (tiny model, real engine)", "",
+        *long_tail_cpu_section(load("long_tail_cpu")), "",
     ]
     (ROOT / "docs/benchmarks.md").write_text("\n".join(parts))
 

@@ -16,6 +16,10 @@ docs/benchmarks.md and docs/img/*.png):
 - faults:     what SIGTERM, SIGKILL, a failing or hung reward, a crashing reward worker and a full
               disk cost, and that each resume trains every prompt once (bench/faults.py;
               docs/reliability.md)
+- long_tail_sim: RollPacker's remedies added one by one on its 7B/14B/32B settings, simulated
+              (bench/long_tail_sim.py; docs/long_tail_bench.md)
+- long_tail_cpu: colocated vs tail batching vs + reward scheduler + stream trainer on the tiny
+              model, and code rewards hidden behind generation (bench/long_tail_cpu.py)
 Run it on an otherwise idle machine: each part measures wall-clock on 2 cores.
 """
 
@@ -111,8 +115,17 @@ def part_faults() -> None:
     sh(PY, "bench/faults.py")
 
 
+def part_long_tail_sim() -> None:
+    sh(PY, "bench/long_tail_sim.py")
+
+
+def part_long_tail_cpu() -> None:
+    sh(PY, "bench/long_tail_cpu.py")
+
+
 PARTS = {"pipelines": part_pipelines, "sim": part_sim, "peer": part_peer, "engine": part_engine,
-         "sync": part_sync, "calibrate": part_calibrate, "plan": part_plan, "faults": part_faults}
+         "sync": part_sync, "calibrate": part_calibrate, "plan": part_plan, "faults": part_faults,
+         "long_tail_sim": part_long_tail_sim, "long_tail_cpu": part_long_tail_cpu}
 
 
 def main() -> None:

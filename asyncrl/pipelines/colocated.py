@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from asyncrl.pipelines.common import after_step, guarded, start, train, validate_before_training
+from asyncrl.pipelines.common import after_step, group_uids, guarded, start, train, validate_before_training
 from asyncrl.pipelines.planning import Planner
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.pipelines.streaming import StreamFeeder
@@ -126,8 +126,8 @@ async def generate_scored(ctx: RunContext, rows: list[PromptRow], suffix: str, m
                           on_group: OnGroup | None = None) -> list[Group]:
     n, streamed = ctx.cfg.rollout.n, scored_on_rollout(ctx)
     with timer("gen", metrics):
-        tasks = [asyncio.ensure_future(ctx.rollout.generate_scored(r, n, r.uid + suffix, "train", streamed))
-                 for r in rows]
+        tasks = [asyncio.ensure_future(ctx.rollout.generate_scored(r, n, uid, "train", streamed))
+                 for r, uid in zip(rows, group_uids(rows, suffix))]
         if on_group is not None:
             for task in tasks:
                 task.add_done_callback(lambda t: on_group(t.result()) if not t.cancelled() and not t.exception()

@@ -104,6 +104,18 @@ def _record(ctx: RunContext, groups: Sequence[Group], step: int, consumed: Seque
     ctx.ledger.record(groups, step, ctx.synchronizer.version)
 
 
+def group_uids(rows: Sequence[PromptRow], suffix: str) -> list[str]:
+    """`{prompt uid}{suffix}` per row, unique in the batch: a prompt drawn twice in one batch (a
+    batch across an epoch boundary) gets `~2` on its second group, so request ids never collide.
+    Example: rows a, b, a with suffix "@3" -> a@3, b@3, a@3~2."""
+    seen: dict[str, int] = {}
+    uids = []
+    for r in rows:
+        seen[r.uid] = seen.get(r.uid, 0) + 1
+        uids.append(f"{r.uid}{suffix}" + (f"~{seen[r.uid]}" if seen[r.uid] > 1 else ""))
+    return uids
+
+
 def due(step: int, freq: int, total: int) -> bool:
     return step == total or (freq > 0 and step % freq == 0)
 

@@ -24,6 +24,7 @@ from typing import Any
 from asyncrl.pipelines.common import (
     after_step,
     due,
+    group_uids,
     guarded,
     staleness_metrics,
     start,
@@ -127,9 +128,9 @@ def launch(ctx: RunContext, batch: NextBatch, step: int) -> asyncio.Task[Batch]:
             batch.round_metrics = {}
             groups = await batch.rounds.run(ctx, f"@{step}", True, batch.round_metrics)
         else:
-            n = ctx.cfg.rollout.n
+            n, rows = ctx.cfg.rollout.n, ctx.prompts.next_batch()
             groups = list(await asyncio.gather(*(
-                ctx.rollout.generate_scored(r, n, f"{r.uid}@{step}") for r in ctx.prompts.next_batch())))
+                ctx.rollout.generate_scored(r, n, uid) for r, uid in zip(rows, group_uids(rows, f"@{step}")))))
         return groups, clock.now() - start
 
     return asyncio.create_task(generate())

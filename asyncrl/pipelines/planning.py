@@ -62,7 +62,8 @@ class Planner:
         if not c.enable:
             return None
         node = cfg.trainer.n_gpus_per_node if cfg.pipeline == "colocated" else cfg.rollout.n_gpus_per_node
-        return cls(TPPlanner(cfg.rollout.tensor_model_parallel_size, c.growth, c.calm_steps, c.max_tp, node), log)
+        tp = cfg.rollout.tensor_model_parallel_size
+        return cls(TPPlanner(tp, c.growth, c.calm_steps, c.max_tp, node, min_tp=tp), log)
 
     async def after_step(self, rollout: RolloutStats, metrics: dict[str, float]) -> int:
         """Plan from this step's preemptions (the step's `rollouter/preemptions`, or the rollout

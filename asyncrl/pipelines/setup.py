@@ -105,7 +105,14 @@ class RolloutRouter:
         self._waiting_for_sync.clear()
 
     async def score(self, groups: list[Group]) -> list[Group]:
-        return await self.workers[self._pick()].score(groups)
+        """Score in every ready worker's reward pool at once, a share of the groups each."""
+        ready = [i for i in range(len(self.workers)) if i not in self._waiting_for_sync] or [self._pick()]
+        ready = ready[: max(len(groups), 1)]
+        parts = await asyncio.gather(*(self.workers[i].score(groups[k::len(ready)]) for k, i in enumerate(ready)))
+        out = list(groups)
+        for k, part in enumerate(parts):
+            out[k::len(ready)] = part
+        return out
 
     async def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
         """Abort these requests (`{uid}/{i}`) on the workers running their groups."""

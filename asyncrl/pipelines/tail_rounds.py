@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from asyncrl.pipelines.common import group_uids
 from asyncrl.pipelines.setup import RunContext
 from asyncrl.scheduling.tail_batching import Round, TailBatcher
 from asyncrl.types import Group, PromptRow
@@ -54,13 +55,13 @@ class TailRounds:
         rnd = self.batcher.next_round()
         rows = self.batcher.take_long() if rnd.kind == "long" else ctx.prompts.take(rnd.launch_prompts)
         keep = rnd.keep_responses if rnd.launch_responses > rnd.keep_responses else 0
+        uids = group_uids(rows, suffix)
         tasks = [asyncio.ensure_future(ctx.rollout.generate_scored(
-            r, rnd.launch_responses, r.uid + suffix, "train", score, (), keep)) for r in rows]
+            r, rnd.launch_responses, uid, "train", score, (), keep)) for r, uid in zip(rows, uids)]
         try:
             done, late = await _first_done(tasks, rnd, on_group)
             if late:
-                await ctx.rollout.abort([f"{rows[i].uid}{suffix}/{k}" for i in late
-                                         for k in range(rnd.launch_responses)])
+                await ctx.rollout.abort([f"{uids[i]}/{k}" for i in late for k in range(rnd.launch_responses)])
             groups = list(await asyncio.gather(*tasks))
         finally:
             for task in tasks:

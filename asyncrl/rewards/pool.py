@@ -116,9 +116,9 @@ class RewardPool:
                 worker = None
             if worker is None:
                 worker = self._start()
-            return worker.call(call, self.timeout_s)
+            return worker.call(call, deadline_s(call, self.timeout_s))
         except TimeoutError:
-            return failed("timeout", f"reward function still running after {self.timeout_s:g} s "
+            return failed("timeout", f"reward function still running after {deadline_s(call, self.timeout_s):g} s "
                                      f"(reward.timeout_s); its process was killed")
         except _WorkerDied as exc:
             return str(exc)
@@ -151,6 +151,12 @@ class RewardPool:
             self._live.discard(worker)
         worker.kill()
         worker.conn.close()
+
+
+def deadline_s(call: RewardCall, timeout_s: float) -> float:
+    """A call's deadline: reward.timeout_s, or longer where the caller declared that the call may
+    legitimately take longer (`extra_info["reward_deadline_s"]`: the adaptive code timeouts)."""
+    return max(timeout_s, float(call.extra_info.get("reward_deadline_s", 0.0)))
 
 
 class _WorkerDied(Exception):

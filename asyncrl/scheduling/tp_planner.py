@@ -4,8 +4,9 @@ for the next step, from this step's KV-cache preemptions.
 A jump in preemptions (more than `growth` x the previous step's count, and more than zero)
 doubles TP: an engine of twice the devices holds more than twice the KV cache (the weights are
 stored once per engine), so long responses stop being preempted and recomputed. `calm_steps`
-steps in a row without a preemption halve it (down to 1): smaller engines decode faster per
-device when memory is not the bound. TP never exceeds `max_tp` and only takes sizes that divide
+steps in a row without a preemption halve it, never below `min_tp` (the size the run was
+configured with: below it the KV cache may not hold the run's sequences at all, and halving
+there only trades a calm stretch for a storm of preemptions). TP never exceeds `max_tp` and only takes sizes that divide
 `gpus_per_node` (when it is set), so a TP group never crosses a node; a doubling that would
 break either rule leaves TP where it is.
 
@@ -34,9 +35,10 @@ class TPPlanner:
     """
 
     def __init__(self, tp: int, growth: float = 1.05, calm_steps: int = 4, max_tp: int = 8,
-                 gpus_per_node: int = 0) -> None:
-        assert tp >= 1 and growth > 0 and calm_steps >= 1 and max_tp >= 1 and gpus_per_node >= 0
+                 gpus_per_node: int = 0, min_tp: int = 1) -> None:
+        assert tp >= min_tp >= 1 and growth > 0 and calm_steps >= 1 and max_tp >= 1 and gpus_per_node >= 0
         self.tp = tp
+        self.min_tp = min_tp
         self.growth = growth
         self.calm_steps = calm_steps
         self.max_tp = max_tp
@@ -55,7 +57,7 @@ class TPPlanner:
         if jump:
             self.tp = self._doubled()
         elif self.calm >= self.calm_steps:
-            self.tp, self.calm = max(self.tp // 2, 1), 0
+            self.tp, self.calm = max(self.tp // 2, self.min_tp), 0
         return self.tp
 
     def allowed(self, tp: int) -> bool:

@@ -270,9 +270,11 @@ class SimTrainer:
         p, micro = self.profile, self.cfg.actor.ppo_micro_batch_tokens
         lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories])
         metrics: dict[str, float] = {}
-        await self._stage("old_log_prob", costs.logprob_seconds(p, lengths, self.devices, micro), metrics)
+        # A pass's fixed cost (weights and model set up for log-probs) is paid once per batch, not per chunk.
+        logprob = costs.logprob_seconds(p, lengths, self.devices, micro) - (p.logprob_pass_s if self._streamed else 0.0)
+        await self._stage("old_log_prob", logprob, metrics)
         if self.use_ref:
-            await self._stage("ref", costs.logprob_seconds(p, lengths, self.devices, micro), metrics)
+            await self._stage("ref", logprob, metrics)
         await self._stage("adv", 0.0, metrics)
         backward = costs.pass_seconds(p, lengths, self.devices, micro, 3.0, p.train_mfu)
         await self._stage("update_actor", backward, metrics)

@@ -11,8 +11,10 @@ responses failed (about one step's worth), `score` raises `RewardError` naming t
 Code rewards run model-written programs in the `sandbox` section's sandbox (handed to the pool's
 processes). With `reward_scheduler.enable`, this worker owns RollPacker's `AdaptiveTimeout`: before
 scoring it puts per-test timeouts (keyed by row uid and test index) into each code row's
-`extra_info["code_timeouts_s"]`, and afterwards feeds the per-test times of passing tests back
-as anchors; `reward/code_timeout_s_mean` reports the mean timeout over the anchored cases.
+`extra_info["code_timeouts_s"]`, extends that call's pool deadline past reward.timeout_s to their
+sum plus CALL_SLACK_S (so a slow but correct program is not killed), and afterwards feeds the
+per-test times of passing tests back as anchors; `reward/code_timeout_s_mean` reports the mean
+timeout over the anchored cases.
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ class RewardWorker:
         self.pool.close()
 
 
+CALL_SLACK_S = 5.0
+"""A code call's deadline over the sum of its tests' timeouts: interpreter and sandbox start-up."""
 PER_TEST = ("test_pass/", "test_s/")
 """Per-test details of the code scorer: consumed here, not kept on trajectories."""
 
@@ -107,7 +111,11 @@ class CodeTimeouts:
         with self._lock:
             n = self._tests.setdefault(row.ground_truth, count_tests(row.ground_truth))
             timeouts = [self.policy.timeout((row.uid, i)) for i in range(n)]
-        return dataclasses.replace(row, extra_info={**row.extra_info, "code_timeouts_s": timeouts}) if n else row
+        if not n:
+            return row
+        deadline = sum(timeouts) + CALL_SLACK_S  # every test may run up to its timeout: the call may take that
+        return dataclasses.replace(row, extra_info={**row.extra_info, "code_timeouts_s": timeouts,
+                                                    "reward_deadline_s": deadline})
 
     def learn(self, row: PromptRow, result: RewardResult) -> None:
         """Anchor each passing test's measured time (a failed call teaches nothing)."""

@@ -78,3 +78,22 @@ def test_without_restarts_a_dead_worker_stops_the_run():
     a.die()
     with pytest.raises(WorkerDied):
         asyncio.run(router.generate_scored(ROW, 1, "g0"))
+
+
+class ScoringWorker:
+    def __init__(self) -> None:
+        self.scored: list[str] = []
+
+    async def score(self, groups: list[Group]) -> list[Group]:
+        self.scored += [g.uid for g in groups]
+        return [Group(g.uid, g.row, [], baseline_reward=float(len(self.scored))) for g in groups]
+
+
+def test_scoring_is_shared_by_every_worker_and_keeps_the_order():
+    workers = [ScoringWorker(), ScoringWorker()]
+    router = RolloutRouter(workers)  # type: ignore[arg-type]
+    groups = [Group(f"g{i}", ROW, []) for i in range(5)]
+    scored = asyncio.run(router.score(groups))
+    assert [g.uid for g in scored] == ["g0", "g1", "g2", "g3", "g4"]
+    assert workers[0].scored == ["g0", "g2", "g4"] and workers[1].scored == ["g1", "g3"]
+    assert all(g.baseline_reward is not None for g in scored)  # the workers' results, not the inputs

@@ -75,3 +75,25 @@ def test_the_long_prompt_queue_is_in_the_checkpoint_and_resumed(tiny_cache, tmp_
     long_steps = [r["step"] for r in rows if r["tail_batching/long_round"] == 1.0 and r["step"] > 2]
     first_long = [s["prompt"] for s in samples if s["step"] == long_steps[0]]
     assert set(queue) <= set(first_long)  # the queue from before the resume is trained first
+
+
+def test_a_prompt_twice_in_one_batch_gets_distinct_group_uids():
+    from asyncrl.pipelines.common import group_uids
+    from asyncrl.types import PromptRow
+
+    a, b = (PromptRow(uid=u, data_source="x", messages=(), ground_truth="") for u in "ab")
+    assert group_uids([a, b, a, a], "@3") == ["a@3", "b@3", "a@3~2", "a@3~3"]
+
+
+def test_batches_across_an_epoch_boundary_simulate(tmp_path):
+    """A batch that wraps an epoch can draw a prompt twice: its two groups must not collide."""
+    from asyncrl.config import load_config
+    from asyncrl.sim.run import simulate
+
+    cfg = load_config("examples/dapo_qwen7b_h20.yaml", [
+        "trainer.nnodes=2", "rollout.tensor_model_parallel_size=1", "tail_batching.enable=true", "data.task_size=300",
+        "data.train_batch_size=64", "actor.ppo_mini_batch_size=64", "trainer.total_training_steps=30",
+        "sim.profile=h800-qwen2.5-7b", "data.max_response_length=8192", "sim.length_median=320",
+        f"trainer.output_dir={tmp_path}", "trainer.logger=[jsonl]"])
+    simulate(cfg, log=lambda _: None)
+    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 30

@@ -226,3 +226,12 @@ def test_builtin_scorers_resolve_in_the_worker() -> None:
     assert (good.result.status, good.result.score) == ("ok", 1.0)
     # a looping program fails its test at the per-test timeout; the reward call itself is fine
     assert (loop.result.status, loop.result.score, loop.result.details["tests_timeout"]) == ("ok", 0.0, 1.0)
+
+
+def test_a_call_may_declare_a_longer_deadline():
+    from asyncrl.rewards.pool import deadline_s
+
+    call = RewardCall("x", "", "", {"reward_deadline_s": 42.0})
+    assert deadline_s(call, 10.0) == 42.0
+    assert deadline_s(RewardCall("x", "", "", {}), 10.0) == 10.0
+    assert deadline_s(RewardCall("x", "", "", {"reward_deadline_s": 3.0}), 10.0) == 10.0

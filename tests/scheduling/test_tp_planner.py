@@ -50,3 +50,9 @@ def test_a_preemption_breaks_the_calm_run():
     # step 2: 5 > 0, a jump: 4 -> 8; step 3: calm 1; step 4: 3 > 1.05 x 0 (step 3 had none), a
     # jump, but 16 > max_tp 8: stays 8, and the calm run restarts; steps 5-6 calm: halve to 4
     assert run(planner, [0, 5, 0, 3, 0, 0]) == [4, 8, 8, 8, 8, 4]
+
+
+def test_halving_stops_at_min_tp():
+    p = TPPlanner(2, calm_steps=1, min_tp=2)
+    assert [p.step(0) for _ in range(3)] == [2, 2, 2]
+    assert p.step(5) == 4 and p.step(0) == 2 and p.step(0) == 2

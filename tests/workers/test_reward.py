@@ -156,7 +156,9 @@ def test_adaptive_code_timeouts_learn_from_passing_tests() -> None:
         assert right.reward == 1.0 and not any(k.startswith("test_") for k in right.reward_details)
         assert w.metrics()["reward/code_timeout_cases"] == 2.0
         assert w.metrics()["reward/code_timeout_s_mean"] == 2.0  # 1.5 x a few ms, clamped up to min_timeout_s
-        assert w.code_timeouts.attach(row).extra_info["code_timeouts_s"] == [2.0, 2.0]
+        attached = w.code_timeouts.attach(row).extra_info
+        assert attached["code_timeouts_s"] == [2.0, 2.0]
+        assert attached["reward_deadline_s"] == 2.0 + 2.0 + 5.0  # the pool waits for every test's timeout
     finally:
         w.close()
 

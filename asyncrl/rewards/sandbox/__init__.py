@@ -28,14 +28,14 @@ BACKENDS = ("auto", "bwrap", "rlimit", "http")
 
 
 def make_sandbox(cfg: SandboxConfig) -> Sandbox:
-    """The backend `cfg.backend` names (auto: bwrap if on PATH, else rlimit)."""
+    """The backend `cfg.backend` names (auto: bwrap if it is installed and works here, else rlimit)."""
     backend = cfg.backend
     if backend == "auto":
         backend = "bwrap" if bwrap.available() else "rlimit"
     if backend == "bwrap":
         if not bwrap.available():
-            raise SandboxError("sandbox.backend=bwrap but bwrap is not on PATH (apt-get install bubblewrap, "
-                               "or sandbox.backend=auto)")
+            raise SandboxError("sandbox.backend=bwrap but bwrap is not installed or cannot create namespaces "
+                               "here (apt-get install bubblewrap, or sandbox.backend=auto)")
         return BwrapSandbox(cfg)
     if backend == "rlimit":
         return RlimitSandbox(cfg)

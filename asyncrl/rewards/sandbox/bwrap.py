@@ -20,8 +20,10 @@ every process inside, orphans and daemons included.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -33,8 +35,17 @@ from asyncrl.rewards.sandbox.process import BOOT, run_process, uid_slot
 _SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 
 
+@functools.lru_cache(maxsize=1)
 def available() -> bool:
-    return shutil.which("bwrap") is not None
+    """bwrap is installed and works here (a container may forbid the namespaces it needs)."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return False
+    probe = [path, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "--die-with-parent", "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def mounts(python: str) -> list[str]:
@@ -47,7 +58,10 @@ def mounts(python: str) -> list[str]:
             args += ["--ro-bind", path, path]
     if os.path.isfile("/etc/ld.so.cache"):
         args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(python)))}
+    # The venv as the path names it too: a symlinked venv (a checkout's .venv -> elsewhere) is
+    # reached through the link, which sys.prefix (resolved) does not name.
+    prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(python))),
+                os.path.dirname(os.path.dirname(os.path.abspath(python)))}
     bound: list[str] = []
     for prefix in sorted(prefixes, key=len):
         if not any(prefix == b or prefix.startswith(b + "/") for b in (*_SYSTEM, *bound)):
@@ -83,8 +97,8 @@ class BwrapSandbox:
             isolation = ["--unshare-all", "--cap-drop", "ALL"]
         return [self.bwrap, *isolation, "--die-with-parent", "--new-session", "--clearenv",
                 "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
-                "--hostname", "sandbox", *self.mounts, "--proc", "/proc", "--dev", "/dev",
-                "--size", str(self.cfg.tmp_mb * MIB), "--tmpfs", "/tmp", "--chdir", "/tmp",
+                "--hostname", "sandbox", "--size", str(self.cfg.tmp_mb * MIB), "--tmpfs", "/tmp",
+                *self.mounts, "--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp",  # after /tmp: a venv may be there
                 "--", self.python, "-I", "-c", BOOT, str(uid), program]
 
     def run(self, program: str, stdin: str, timeout_s: float, *, marker: str = "",
