@@ -178,10 +178,10 @@ def run_setting(name: str, steps: int, tmp: Path) -> dict[str, Any]:
 
 
 def diagnostics(name: str, steps: int, tmp: Path, colocated_s: float) -> list[dict[str, Any]]:
-    """Why the stream trainer and the TP planner do not pay here: (1) the variants up to the stream
+    """What the carried-over costs and the planner's rule hide: (1) the variants up to the stream
     trainer again without the profile's fixed cost per log-prob pass (`logprob_pass_s`, ~40 s,
-    which the simulator charges for every streamed chunk); (2) tail batching + reward scheduler at
-    twice the rollout TP, fixed (is a smaller or a larger TP faster in this cost model?)."""
+    from the H20 calibration; paid once per batch); (2) tail batching + reward scheduler at twice
+    the rollout TP, fixed (is a larger TP faster in this cost model, where nothing preempts?)."""
     s = SETTINGS[name]
     free = overrides(s, steps, code_reward_profile(s.profile, tmp, logprob_pass_s=0.0))
     runs: list[tuple[str, list[str]]] = []

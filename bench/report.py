@@ -151,13 +151,15 @@ def long_tail_sim_section(data: Any) -> list[str]:
 
     return [f"Command: `{data['command']}` ({data['steps']} steps per run; the whole script took "
             f"{data['seconds']:.0f} s). Variants are cumulative; speed-up = colocated's train time / the variant's; "
-            "`reward s, 1 pool`: the reward still waited for after generation if every response queued for one "
-            "shared pool of the workers (the simulator's reward scheduler gives each rollout server its own pool). "
+            "`reward s`: the reward still waited for after generation (without the scheduler the batch is scored "
+            "on every rollout server's pool at once); `reward s, 1 pool`: the same if every response queued for one "
+            "shared pool of the workers (a reward service of that size). "
             "Assumptions:", "", *[f"- {a}" for a in data["assumptions"]], "", *head, *rows("rows"), "",
-            "Why the stream trainer and the TP planner do not pay here (speed-up still vs the colocated row above): "
-            "the same variants without the profile's ~40 s fixed cost per log-prob pass, which the simulator "
-            "charges for every streamed chunk, and tail batching + reward scheduler at twice the rollout TP, "
-            "fixed. Details in [long_tail_bench.md](long_tail_bench.md).", "", *head, *rows("diagnostics")]
+            "Diagnostics (speed-up still vs the colocated row above): the same variants without the profile's "
+            "~40 s fixed cost per log-prob pass (carried over from the H20 calibration, paid once per batch), and "
+            "tail batching + reward scheduler at twice the rollout TP, fixed (the planner keeps the configured TP "
+            "when nothing preempts). Details in [long_tail_bench.md](long_tail_bench.md).", "", *head,
+            *rows("diagnostics")]
 
 
 def long_tail_cpu_section(data: Any) -> list[str]:
@@ -173,8 +175,9 @@ def long_tail_cpu_section(data: Any) -> list[str]:
     lt = data["longtail"]
     base = lt[0]["train_s"]["mean"]
     out = [f"Command: `{data['command']}`; mean (min-max) of {data['args']['repeats']} runs per configuration, "
-           f"alternating. Load: `{data['uptime_before']}` before, `{data['uptime_after']}` after (a load above 2 on "
-           "these 2 cores means other work ran alongside: rerun on an idle machine before trusting the numbers).", "",
+           f"alternating. Load: `{data['uptime_before']}` before, `{data['uptime_after']}` after (the bench itself "
+           "keeps both cores busy; a 1-min load above 1 *before* means other work ran: rerun on an idle machine). "
+           "The scores are not a learning result: the tiny model was never taught the long-tail task.", "",
            "| configuration | gen s/step | old_lp + update s/step | end-to-end s | speed-up | final val score |",
            "|---|---|---|---|---|---|"]
     out += [f"| {r['config']} | {sp(r['gen_s'], 2)} | {r['old_log_prob_s']['mean'] + r['update_actor_s']['mean']:.2f} "
