@@ -158,3 +158,44 @@ def test_engine_shape_is_a_share_of_a_larger_engine_or_several_smaller_ones():
     assert b1 == pytest.approx(2 * 7.62e9 / (148e12 * p.decode_mfu) / 2, rel=1e-9, abs=1e-12)
     assert capacity1 == pytest.approx(2 * 1_157_226, rel=0, abs=2)
     assert seqs1 == 512
+
+
+def _scenario(seed: int, capacity: int, max_seqs: int, c: float):
+    """60 groups of 8 arriving at random times, with version changes, interrupts and aborts."""
+    import random
+    rng = random.Random(seed)
+    m = EngineModel((0.004, 1e-4, c), 1e-5, capacity, max_seqs)
+    out, t = [], 0.0
+    for g in range(60):
+        m.submit(GroupSpec(g, rng.randint(20, 200), 4000, t), [rng.randint(1, 3000) for _ in range(8)])
+        t += rng.uniform(0.0, 3.0)
+        out += m.advance(t)
+        if g % 15 == 7:
+            m.set_version(m.version + 1)
+        if g % 20 == 11:
+            m.paused = True
+            m.interrupt()
+            m.paused = False
+        if g % 13 == 5 and g - 2 in m.remaining:
+            out += m.abort(g - 2, {0, 3, 5})[1]
+    while m.busy:
+        out += m.advance(INF, stop_after_group=True)
+    return sorted((g, f[3], f[0], f[1], f[2], f[4]) for g, fs in out for f in fs), m
+
+
+@pytest.mark.parametrize("args, expected", [
+    ((1, 10**9, 1024, 1e-8), (0, 699259, 120.89529224499745, 32961.90011218116, 9837053.222463036, "b50384bbf850d92d")),
+    ((2, 60000, 256, 1e-8), (880, 721123, 152.83727619401472, 38028.82990314808, 11753297.153077703, "af736b8d77383de7")),
+    ((3, 20000, 64, 2e-7), (1811, 718667, 408.2443417732636, 98154.44760715729, 30747539.583390377, "9babf90c30ed4c11")),
+])
+def test_completions_match_the_recorded_reference(args, expected):
+    """Recorded from the engine before it was optimised: lengths, version runs, indices, aborts
+    (hashed), finish times (sum and position-weighted sum), preemptions and tokens generated."""
+    import hashlib
+    rows, m = _scenario(*args)
+    ints = hashlib.sha256(repr([(r[0], r[1], r[2], r[3], r[5]) for r in rows]).encode()).hexdigest()[:16]
+    preemptions, generated, end, t_sum, t_weighted, digest = expected
+    assert (m.preemptions, m.generated, ints, len(rows)) == (preemptions, generated, digest, 480)
+    assert m.t == pytest.approx(end, rel=1e-9, abs=1e-6)
+    assert sum(r[4] for r in rows) == pytest.approx(t_sum, rel=1e-9, abs=1e-6)
+    assert sum(i * r[4] for i, r in enumerate(rows)) == pytest.approx(t_weighted, rel=1e-9, abs=1e-3)
