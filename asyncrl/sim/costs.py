@@ -1,6 +1,11 @@
 """The cost model: seconds for each modelled piece of work, from a `Profile`. Pure functions.
 
 Rollout (one engine of `tp` devices; roofline terms summed, a smooth stand-in for their max):
+the memory-bound terms (weights read once per step, every cached token read once) carry the
+fitted `decode_step_s` and `mem_bw_eff`, which the colocated rows constrain (their generation
+is dominated by the long tail: few sequences, long contexts); the compute-bound per-sequence
+term carries `decode_mfu`, a physical prior (large-batch GEMMs on the device, ~0.5), not fitted,
+so a decoupled pool running ~1000 sequences reaches the throughput the hardware allows.
 
     decode step  = a + b * running_seqs + c * context_tokens
       a = decode_step_s + weight_bytes / (speed * bw)        read every weight once per step
@@ -22,8 +27,11 @@ of length l costs 2*params*l + 2*layers*hidden*l^2 forward FLOPs (the second ter
 attention). Sequences are balanced over ranks longest-first (snake order, as verl's
 seqlen balancing does); a pass takes as long as its busiest rank, plus `micro_batch_s` for
 every micro-batch of `micro_tokens` tokens that rank runs (ranks run at `dp_efficiency` per
-doubling of their number: 1 on GPUs, less for CPU threads). A log-prob pass adds
-`logprob_pass_s`; the update costs 3x the forward FLOPs per PPO epoch plus `optimizer_step_s`
+doubling of their number, fitted from the update times). `micro_tokens` is verl's
+`ppo_max_token_len_per_gpu` (dynamic batch size): a rank's micro-batches hold at most
+`micro_tokens x sequence_parallel` tokens. A colocated log-prob pass adds `logprob_pass_s`
+(reloading the trainer state offloaded for generation; decoupled trainers do not pay it); the
+update costs 3x the forward FLOPs per PPO epoch plus `optimizer_step_s`
 per mini-batch.
 
 Worked example (h20-qwen2.5-7b, tp=4): a = 4.4 ms, b = 0.12 ms, c = 5.9 ns; a decode step of
@@ -110,9 +118,13 @@ def pass_seconds(p: Profile, lengths: np.ndarray, devices: int, micro_tokens: in
     return float(np.max(compute + micro))
 
 
-def logprob_seconds(p: Profile, lengths: np.ndarray, devices: int, micro_tokens: int) -> float:
-    """Old or reference log-probs of a batch: one forward pass plus its fixed cost."""
-    return p.logprob_pass_s + pass_seconds(p, lengths, devices, micro_tokens, 1.0, p.logprob_mfu)
+def logprob_seconds(p: Profile, lengths: np.ndarray, devices: int, micro_tokens: int,
+                    colocated: bool = True) -> float:
+    """Old or reference log-probs of a batch: one forward pass, plus the colocated pipeline's
+    reload of the offloaded trainer state after generation (`logprob_pass_s`; a decoupled
+    trainer keeps its weights resident and does not pay it)."""
+    fixed = p.logprob_pass_s if colocated else 0.0
+    return fixed + pass_seconds(p, lengths, devices, micro_tokens, 1.0, p.logprob_mfu)
 
 
 def update_seconds(p: Profile, mini_batches: Sequence[np.ndarray], devices: int, micro_tokens: int,

@@ -1,7 +1,9 @@
 """Fit a profile's efficiencies to measured steps, so the simulator predicts your cluster.
 
-Each timed phase is governed by its own efficiency: generation by the rollout coefficients
-(decode and prefill speeds scale together), `old_log_prob` by `logprob_mfu`, `update_actor`
+Each timed phase is governed by its own efficiency: generation by the rollout's memory-bound
+coefficients and prefill (`decode_step_s`, `mem_bw_eff`, `prefill_mfu` scale together;
+`decode_mfu`, the compute-bound large-batch term, is a physical prior that colocated runs,
+dominated by their long tail, cannot constrain), `old_log_prob` by `logprob_mfu`, `update_actor`
 by `train_mfu`. `fit_profile` simulates every target run with the current profile, multiplies
 each phase's efficiency by the geometric mean of simulated / measured over the targets, and
 repeats; the cost model is close to linear in these factors, so a few rounds converge. The
@@ -60,10 +62,10 @@ def simulated_phases(cfg: Config, profile: Profile) -> dict[str, float]:
 
 def rescale(profile: Profile, phase: str, factor: float) -> Profile:
     """Make `phase` take `factor` times as long."""
-    if phase == "gen":
+    if phase == "gen":  # decode_mfu stays: a physical prior of large-batch decode (`asyncrl.sim.costs`)
         return dataclasses.replace(
-            profile, decode_step_s=profile.decode_step_s * factor, decode_mfu=profile.decode_mfu / factor,
-            mem_bw_eff=profile.mem_bw_eff / factor, prefill_mfu=profile.prefill_mfu / factor)
+            profile, decode_step_s=profile.decode_step_s * factor, mem_bw_eff=min(profile.mem_bw_eff / factor, 1.0),
+            prefill_mfu=profile.prefill_mfu / factor)
     if phase == "old_log_prob":
         return dataclasses.replace(profile, logprob_mfu=profile.logprob_mfu / factor)
     assert phase == "update_actor", phase

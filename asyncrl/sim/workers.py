@@ -238,6 +238,7 @@ class SimTrainer:
     def __init__(self, cfg: Config, profile: Profile, devices: int, old_log_prob_source: str) -> None:
         self.cfg, self.profile, self.devices = cfg, profile, devices
         self.old_log_prob_source = old_log_prob_source
+        self.colocated = cfg.pipeline == "colocated"  # only it reloads offloaded state after generation
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
         self.updates = 0
@@ -246,15 +247,16 @@ class SimTrainer:
     async def train_groups(self, groups: Sequence[Group]) -> dict[str, float]:
         p, micro = self.profile, self.cfg.actor.ppo_micro_batch_tokens
         lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories])
+        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated)
         count = num_mini_batches(len(groups), self.cfg.actor.ppo_mini_batch_size)
         minis = [m for m in np.array_split(lengths, count) if len(m)]
         metrics: dict[str, float] = {}
         if self.old_log_prob_source != "rollout":
-            await self._stage("old_log_prob", costs.logprob_seconds(p, lengths, self.devices, micro), metrics)
+            await self._stage("old_log_prob", logprob, metrics)
         if self.use_ref:
-            await self._stage("ref", costs.logprob_seconds(p, lengths, self.devices, micro), metrics)
+            await self._stage("ref", logprob, metrics)
         if self.use_critic:
-            await self._stage("values", costs.logprob_seconds(p, lengths, self.devices, micro), metrics)
+            await self._stage("values", logprob, metrics)
         await self._stage("adv", 0.0, metrics)
         if self.use_critic:
             await self._stage("update_critic", costs.update_seconds(
@@ -271,7 +273,7 @@ class SimTrainer:
         lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories])
         metrics: dict[str, float] = {}
         # A pass's fixed cost (weights and model set up for log-probs) is paid once per batch, not per chunk.
-        logprob = costs.logprob_seconds(p, lengths, self.devices, micro) - (p.logprob_pass_s if self._streamed else 0.0)
+        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated and not self._streamed)
         await self._stage("old_log_prob", logprob, metrics)
         if self.use_ref:
             await self._stage("ref", logprob, metrics)

@@ -52,3 +52,36 @@ def test_builtin_profiles_load():
     assert {"h20-qwen2.5-7b", "cpu-tiny"} <= set(builtin_profiles())
     for name in builtin_profiles():
         assert load_profile(name).params_b > 0
+
+
+def test_only_the_colocated_pipeline_pays_the_reload_before_log_probs():
+    lengths = np.array([100, 100])
+    flops = 2e9 * 100 + 2 * 2 * 10 * 100**2
+    forward = 2 * flops / (1e12 * 0.5) + 0.1  # one rank: both sequences, one micro-batch
+    assert costs.logprob_seconds(P, lengths, 1, 1000, colocated=True) == pytest.approx(1.0 + forward, rel=1e-12, abs=0)
+    assert costs.logprob_seconds(P, lengths, 1, 1000, colocated=False) == pytest.approx(forward, rel=1e-12, abs=0)
+
+
+def test_a_busy_decoupled_h20_engine_reaches_large_batch_decode_throughput():
+    """1024 sequences of 2K cached tokens each on a TP-4 H20 engine: weights + KV reads and the
+    per-sequence compute give ~3K tokens/s per GPU (the issue saw 1.1-1.5K from a tail-fitted b)."""
+    p = load_profile("h20-qwen2.5-7b")
+    a, b, c = costs.decode_coefficients(p, 4)
+    step = a + b * 1024 + c * 1024 * 2048
+    per_gpu = 1024 / step / 4
+    assert 2500 < per_gpu < 6000, per_gpu
+    # b is the compute-bound term of the physical prior: 2 * params / (4 * 0.85^2 * 148 TFLOP/s * decode_mfu)
+    assert b == pytest.approx(2 * 7.62e9 / (4 * 0.85**2 * 148e12 * p.decode_mfu), rel=1e-9, abs=0)
+
+
+def test_gpu_memory_utilization_sets_the_modelled_kv_capacity():
+    from asyncrl.errors import ConfigError
+    from asyncrl.sim.substrate import with_memory_utilization
+
+    p = load_profile("h20-qwen2.5-7b")
+    assert with_memory_utilization(p, 0.0) is p
+    raised = with_memory_utilization(p, 0.9)
+    # (4 x 96 GB x 0.9 - 15.24 GB of weights) / 57344 B per token
+    assert costs.kv_capacity_tokens(raised, 4) == pytest.approx((4 * 96e9 * 0.9 - 15.24e9) / 57344, rel=1e-6, abs=1)
+    with pytest.raises(ConfigError, match="sim.gpu_memory_utilization"):
+        with_memory_utilization(p, 1.5)

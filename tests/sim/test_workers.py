@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from asyncrl.config import load_config
 from asyncrl.sim.loop import run_virtual
 from asyncrl.sim.profile import load_profile
@@ -41,3 +43,29 @@ def test_partial_responses_of_a_stopped_run_continue():
     for t in partials:
         if t.finish_reason != "aborted":
             assert by_id[t.request_id] is t
+
+
+def test_a_decoupled_trainer_does_not_pay_the_colocated_reload():
+    """old_log_prob differs by exactly the profile's `logprob_pass_s` between the pipelines."""
+    import numpy as np
+
+    from asyncrl.sim.workers import SimTrainer
+    from asyncrl.types import Group
+
+    profile = load_profile("h20-qwen2.5-7b")
+    cfg = load_config(None, ["rollout.n=4", "sim.length_median=400", "data.max_response_length=4096"])
+    workload = Workload(cfg, 0)
+
+    async def both() -> tuple[dict[str, float], dict[str, float]]:
+        group = await SimRolloutServer(cfg, profile, 4, workload).generate_scored(ROW, 4, "g")
+        out = []
+        for pipeline in ("colocated", "one_step_off"):
+            c = load_config(None, [f"pipeline={pipeline}", "rollout.n=4", "data.max_response_length=4096"])
+            trainer = SimTrainer(c, profile, 8, "recompute")
+            out.append(await trainer.train_groups([Group(group.uid, ROW, group.trajectories)]))
+        return out[0], out[1]
+
+    (colocated, decoupled), _ = run_virtual(both())
+    assert colocated["timing_s/old_log_prob"] - decoupled["timing_s/old_log_prob"] == pytest.approx(
+        profile.logprob_pass_s, rel=1e-9, abs=1e-9)
+    assert np.isfinite(decoupled["timing_s/update_actor"])
