@@ -259,6 +259,7 @@ VALUE_RULES: dict[str, tuple[str, ...]] = {
              "actor.clip_ratio_high", "actor.kl_loss_coef", "critic.warmup_steps", "algorithm.kl_ctrl.kl_coef",
              "algorithm.filter_groups.max_num_gen_batches", "trainer.test_freq", "trainer.save_freq",
              "trainer.max_ckpt_to_keep", "trainer.n_gpus_per_node", "async_training.staleness_threshold",
+             "async_training.max_concurrent_samples_per_server",
              "sim.length_sigma", "sim.trace_max_events"),
     "> 0": ("model.lora_alpha", "actor.lr",
             "actor.grad_clip", "actor.is_cap", "critic.lr", "critic.grad_clip", "critic.cliprange_value",
@@ -410,10 +411,6 @@ def _restart_rules(cfg: Config) -> None:
 
 
 def _async_rules(cfg: Config) -> None:
-    a = cfg.async_training
-    if a.partial_rollout and a.staleness_threshold <= 0:
-        raise ConfigError("async_training.partial_rollout needs async_training.staleness_threshold "
-                          "> 0 (with 0 no generation is ever in flight at a sync)")
     if cfg.pipeline != "colocated" and cfg.algorithm.filter_groups.enable:
         raise ConfigError("algorithm.filter_groups (DAPO dynamic sampling) runs with pipeline=colocated "
                           "only; set pipeline=colocated or algorithm.filter_groups.enable=false")
@@ -428,6 +425,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "async_training.staleness_threshold": ("fully_async",),
     "async_training.partial_rollout": ("fully_async",),
     "async_training.max_version_lag": ("fully_async",),
+    "async_training.max_concurrent_samples_per_server": ("fully_async",),
     "async_training.use_rollout_log_probs": ("one_step_off", "fully_async"),
     "rollout.total_rollout_steps": ("fully_async",),
     "rollout.test_freq": ("fully_async",),

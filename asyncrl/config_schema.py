@@ -259,6 +259,8 @@ class AsyncTrainingConfig:
     """Use the engine's behaviour log-probs as old log-probs in the PPO ratio."""
     max_version_lag: int = -1
     """Strict per-sample cap on (trainer version - sample start version); -1 = off."""
+    max_concurrent_samples_per_server: int = 16
+    """Prompts generating at once per rollout engine (verl's max_concurrent_samples = 16 x servers); 0 = no cap."""
 
 
 @dataclass(frozen=True)

@@ -172,17 +172,28 @@ def finish(ctx: RunContext) -> None:
     ctx.close()
 
 
-def staleness_metrics(groups: Sequence[Group], version: int) -> dict[str, float]:
-    """How far behind `version` (the weights being trained) the samples were produced."""
+def staleness_metrics(groups: Sequence[Group], version: int,
+                      totals: dict[str, float] | None = None) -> dict[str, float]:
+    """How far behind `version` (the weights being trained) the samples were produced, and verl's
+    cumulative stale counters, added up in `totals` over the run (verl's
+    `FullyAsyncTrainer._collect_metrics_from_samples`): `stale_samples_processed` counts samples
+    (a prompt's group; verl's RolloutSample) finished under an older version,
+    `stale_trajectory_processed` responses whose last token came from an older version.
+    Without `totals` the counters are this batch's. The lag metrics use each response's first
+    token (`start_version`)."""
+    totals = {} if totals is None else totals
     starts = [t.start_version for g in groups for t in g.trajectories]
     if not starts:
         return {}
     lags = [version - v for v in starts]
     partial = [t.num_segments > 1 for g in groups for t in g.trajectories]
+    totals["fully_async/count/stale_samples_processed"] = totals.get("fully_async/count/stale_samples_processed", 0) \
+        + sum(version - max(t.end_version for t in g.trajectories) >= 1 for g in groups if g.trajectories)
+    totals["fully_async/count/stale_trajectory_processed"] = totals.get(
+        "fully_async/count/stale_trajectory_processed", 0) + sum(
+        version - t.end_version >= 1 for g in groups for t in g.trajectories)
     return {"staleness/version_lag_mean": sum(lags) / len(lags), "staleness/version_lag_max": max(lags),
-            "fully_async/count/stale_samples_processed": sum(lag > 0 for lag in lags),
-            "fully_async/count/stale_trajectory_processed": sum(
-                any(version - t.start_version > 0 for t in g.trajectories) for g in groups),
+            **totals, "fully_async/count/current_param_version": version,
             "fully_async/partial/total_partial_num": sum(partial),
             "fully_async/partial/partial_ratio": sum(partial) / len(partial),
             "fully_async/partial/max_partial_span": max(

@@ -11,8 +11,14 @@ Modes: (a) T=1, threshold 0: on-policy streaming; (b) T>1, threshold 0: stream o
 (c) threshold > 0 without partial rollout: at a sync the rollouter stops starting prompts and
 the sync waits for in-flight groups; (d) with `partial_rollout`: the sync interrupts in-flight
 generation, loads the new weights and the same samples continue from their partial responses.
-`max_version_lag` drops (and regenerates) any group older than the cap, so no trained sample
-exceeds it. Every prompt is trained exactly once: `samples.jsonl` records each one. A
+(d) with threshold 0 is accepted (verl's ablation runs it): the budget then lets start only
+the groups the T updates take, so a sync normally finds nothing to interrupt. At most
+`max_concurrent_samples_per_server` x engines prompts generate at once (verl's
+`max_concurrent_samples`). `max_version_lag` drops (and regenerates) any group older than the
+cap, so no trained sample exceeds it. Metrics: one metrics.jsonl line per local
+update (`training/global_step`); verl's step is a sync cycle of T updates
+(`fully_async/count/current_param_version`, which the summaries count), and its stale counters
+are cumulative. Every prompt is trained exactly once: `samples.jsonl` records each one. A
 checkpoint holds the queue's finished groups (with their tokens, behaviour log-probs and
 versions) and the staleness counters; prompts in flight are listed by the prompt stream and
 generated again on resume, so a resumed run trains exactly the prompts not yet trained.
@@ -44,6 +50,8 @@ class AsyncTrainer:
         self.R, self.T = budget.prompts_per_update, budget.updates_per_sync
         self.total_prompts = total_prompts
         self.dropped = 0
+        self.stale_counts: dict[str, float] = {}
+        """verl's cumulative `fully_async/count/stale_*_processed` counters (`staleness_metrics`)."""
 
     @property
     def trained(self) -> int:
@@ -69,7 +77,7 @@ class AsyncTrainer:
                     break
                 with timer("train", metrics):
                     metrics |= await train(self.ctx, groups, step)
-                metrics |= staleness_metrics(groups, self.version)
+                metrics |= staleness_metrics(groups, self.version, self.stale_counts)
                 if step % self.T == 0 or self.trained >= self.total_prompts:
                     metrics |= await self.sync()
             metrics |= self.step_metrics(metrics)
@@ -83,7 +91,7 @@ class AsyncTrainer:
         r = self.rollouter
         return {"dropped": self.dropped, "started": r.started, "launches": r.launches,
                 "in_flight": r.in_flight, "budget_started": self.budget.started, "num_stale": self.budget.num_stale,
-                "queue": self.queue.items, "parked": r.parked}
+                "queue": self.queue.items, "parked": r.parked, "stale_counts": self.stale_counts}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from `state()`: queued groups go back into the queue (not generated again),
@@ -95,6 +103,7 @@ class AsyncTrainer:
         self.rollouter.started, self.rollouter.launches = state["started"], state["launches"]
         self.budget.started = max(state["budget_started"] - state["in_flight"], 0)  # those start again
         self.budget.num_stale = state["num_stale"]
+        self.stale_counts = dict(state.get("stale_counts", {}))
         for group in state["queue"] + state["parked"]:
             self.ctx.prompts.claim(group.row)
         self.queue.restore(state["queue"])
@@ -147,6 +156,11 @@ def total_prompts(ctx: RunContext) -> int:
     return cfg.rollout.total_rollout_steps or cfg.data.train_batch_size * cfg.trainer.total_training_steps
 
 
+def in_flight_cap(ctx: RunContext) -> int:
+    """verl's `max_concurrent_samples`: prompts in flight per rollout engine x engines (0 = none)."""
+    return ctx.cfg.async_training.max_concurrent_samples_per_server * len(ctx.rollout.workers)
+
+
 async def run(ctx: RunContext) -> int:
     return await guarded(ctx, _loop(ctx))
 
@@ -156,7 +170,7 @@ async def _loop(ctx: RunContext) -> int:
     R = prompts_per_update(a.require_batches, ctx.cfg.actor.ppo_mini_batch_size)
     budget = StalenessBudget(R, a.trigger_parameter_sync_step, a.staleness_threshold, a.max_version_lag)
     queue = MessageQueue(capacity=max(2 * budget.per_version, 1))
-    rollouter = Rollouter(ctx, queue, budget, total_prompts(ctx))
+    rollouter = Rollouter(ctx, queue, budget, total_prompts(ctx), in_flight_cap(ctx))
     trainer = AsyncTrainer(ctx, queue, rollouter, budget, total_prompts(ctx))
     ctx.pipeline_state = trainer.state
     step, state = await start(ctx, total_steps=trainer.total_updates)

@@ -1,5 +1,13 @@
 """The Rollouter of the fully async pipeline: owns the prompt stream, starts one group per
-prompt as the staleness budget allows, and puts finished groups into the queue.
+prompt as the staleness budget and the in-flight cap allow, and puts finished groups into the
+queue.
+
+The in-flight cap is verl's `max_concurrent_samples` (recipe/fully_async_policy/
+fully_async_rollouter.py, `set_max_required_samples`): at most
+`async_training.max_concurrent_samples_per_server` (verl: 16) prompts per rollout engine are
+generating at once, whatever the staleness budget would allow. It keeps a version's prompts
+arriving over the version instead of all at its start, which is what gives partial rollout
+something to interrupt.
 
 It runs in the driver's event loop; generation itself happens on the rollout hosts. It is
 idle (`rollouter/idle_ratio`) when no group is in flight: held for a sync, out of budget, or
@@ -22,9 +30,12 @@ from asyncrl.types import Group, PromptRow, Trajectory
 
 class Rollouter:
     def __init__(self, ctx: RunContext, queue: MessageQueue, budget: StalenessBudget,
-                 total_prompts: int) -> None:
+                 total_prompts: int, max_in_flight: int = 0) -> None:
         self.ctx, self.queue, self.budget = ctx, queue, budget
         self.total_prompts = total_prompts
+        self.max_in_flight = max_in_flight
+        """Cap on groups in flight (verl's `max_concurrent_samples`); 0 = no cap."""
+        self.peak_in_flight = 0
         self.started = 0
         """Prompts drawn from the stream (not counting those handed back and started again)."""
         self.in_flight = 0
@@ -70,7 +81,8 @@ class Rollouter:
 
     def _may_start(self) -> bool:
         has_prompt = self.started < self.total_prompts or self.ctx.prompts.has_replay or bool(self._to_continue)
-        return has_prompt and not self._held and self.budget.can_start()
+        below_cap = self.max_in_flight <= 0 or self.in_flight < self.max_in_flight
+        return has_prompt and below_cap and not self._held and self.budget.can_start()
 
     def _next_row(self) -> PromptRow:
         if not self.ctx.prompts.has_replay:
@@ -80,6 +92,7 @@ class Rollouter:
     def _launch(self, row: PromptRow, uid: str | None = None, partials: Sequence[Trajectory] = ()) -> None:
         self.budget.on_start()
         self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         self._mark_busy()
         self.launches += 1
         uid = uid or f"{row.uid}@a{self.launches}"
@@ -165,4 +178,6 @@ class Rollouter:
         now = clock.now()
         idle = self._idle_s + (now - self._idle_since if self._idle_since is not None else 0.0)
         return {"rollouter/idle_ratio": idle / max(now - self._start_time, 1e-9),
-                "rollouter/in_flight": self.in_flight, "rollouter/started": self.started}
+                "rollouter/in_flight": self.in_flight, "rollouter/started": self.started,
+                "rollouter/peak_in_flight": self.peak_in_flight,
+                "fully_async/static/max_concurrent_samples": self.max_in_flight}

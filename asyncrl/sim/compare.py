@@ -7,6 +7,9 @@ config's rollout/trainer split (colocated gets all of those devices). Modes (b)-
 per train_batch_size prompts (T = train_batch_size / (require_batches x ppo_mini_batch_size), the
 fair comparison with colocated that verl's recipes use); (c) and (d) allow staleness 0.5.
 Results: a markdown table on stdout and `compare.md` / `compare.json` in trainer.output_dir.
+A row's steps are training steps as verl counts them: for fully async, sync cycles of
+T = trigger_parameter_sync_step local updates (phase times per cycle; `updates` in compare.json
+counts the updates), so its "step s" compares with colocated's step for the same prompts.
 """
 
 from __future__ import annotations

@@ -8,6 +8,12 @@ Idle ratios: fully async logs `trainer/idle_ratio` (waiting for samples / step) 
 derived the same way: colocated, the trainer waits while generating (gen / step) and the
 engines wait while training (1 - gen / step); one-step-off, the trainer waits for
 `wait_prev_gen` and the engines idle for step - generate_sequences.
+
+Steps: a step is a training step as verl counts it. For fully async that is one sync cycle of
+T = `trigger_parameter_sync_step` local updates (verl logs once per parameter version, summing
+each `timing_s/*` over the cycle: recipe/fully_async_policy/detach_utils.py, MetricsAggregator),
+so `steps` counts cycles and the phase times are per cycle; metrics.jsonl keeps one line per
+update. The stale counters are cumulative, as verl logs them: the summary takes the last value.
 """
 
 from __future__ import annotations
@@ -27,18 +33,22 @@ PHASES = ("gen", "generate_sequences", "wait_prev_gen", "wait_samples", "reward"
 class RunSummary:
     label: str
     steps: int
+    """Training steps; fully async: sync cycles of trigger_parameter_sync_step updates (verl's step)."""
     total_s: float
     """Virtual (or measured) seconds from start to the end of the last step."""
     samples_per_s: float
     trainer_idle: float
     rollout_idle: float
     phases: dict[str, float]
-    """Mean seconds per step of each timed phase present (timing_s/<phase>)."""
+    """Mean seconds per step (fully async: per sync cycle) of each timed phase (timing_s/<phase>)."""
     version_lag_mean: float
     version_lag_max: float
     stale_samples: float
+    """verl's fully_async/count/stale_samples_processed at the end: groups trained after a newer version."""
     partial_ratio: float
     preemptions: float
+    updates: int = 0
+    """Local updates (metrics.jsonl lines); equals `steps` except for fully async."""
     sim_wall_s: float = 0.0
     """Seconds the simulation itself took (0 for measured runs)."""
 
@@ -64,18 +74,42 @@ def summarise(cfg: Config, output_dir: Path, total_s: float | None = None, sim_w
               label: str | None = None) -> RunSummary:
     steps = read_steps(output_dir / "metrics.jsonl")
     assert steps, f"no steps in {output_dir / 'metrics.jsonl'}"
-    phases = {p: _mean(steps, f"timing_s/{p}") for p in PHASES if any(f"timing_s/{p}" in r for r in steps)}
+    cycles = sync_cycles(steps, updates_per_step(cfg))
+    phases = {p: _cycle_mean(cycles, f"timing_s/{p}") for p in PHASES if any(f"timing_s/{p}" in r for r in steps)}
     total = total_s if total_s is not None else sum(r["timing_s/step"] for r in steps)
     trainer_idle, rollout_idle = _idle(cfg.pipeline, steps)
     return RunSummary(
-        label=label or mode_label(cfg), steps=len(steps), total_s=total,
+        label=label or mode_label(cfg), steps=len(cycles), updates=len(steps), total_s=total,
         samples_per_s=sum(r.get("training/responses", 0) for r in steps) / max(total, 1e-9),
         trainer_idle=trainer_idle, rollout_idle=rollout_idle, phases=phases,
         version_lag_mean=_mean(steps, "staleness/version_lag_mean"),
         version_lag_max=max((r.get("staleness/version_lag_max", 0) for r in steps), default=0),
-        stale_samples=sum(r.get("fully_async/count/stale_samples_processed", 0) for r in steps),
+        stale_samples=steps[-1].get("fully_async/count/stale_samples_processed", 0),
         partial_ratio=_mean(steps, "fully_async/partial/partial_ratio"),
         preemptions=steps[-1].get("rollouter/preemptions", 0.0), sim_wall_s=sim_wall_s)
+
+
+def updates_per_step(cfg: Config) -> int:
+    """Local updates in one training step: T for fully async (verl's step), else 1."""
+    return cfg.async_training.trigger_parameter_sync_step if cfg.pipeline == "fully_async" else 1
+
+
+def sync_cycles(steps: list[dict[str, float]], per_cycle: int) -> list[list[dict[str, float]]]:
+    """Update lines grouped by step: update k (1-based `training/global_step`) is in cycle
+    (k - 1) // per_cycle, as the pipeline syncs after every per_cycle-th update (and the last).
+
+    Example: per_cycle=4, updates 1..10 -> cycles [1-4], [5-8], [9-10]."""
+    out: dict[int, list[dict[str, float]]] = {}
+    for i, r in enumerate(steps):
+        k = int(r.get("training/global_step", i + 1))
+        out.setdefault((k - 1) // per_cycle, []).append(r)
+    return list(out.values())
+
+
+def _cycle_mean(cycles: list[list[dict[str, float]]], key: str) -> float:
+    """Mean over cycles of the key's total in each (verl sums timing_s/* over a cycle)."""
+    totals = [sum(r[key] for r in c if r.get(key) is not None) for c in cycles if any(key in r for r in c)]
+    return sum(totals) / len(totals) if totals else 0.0
 
 
 def _idle(pipeline: str, steps: list[dict[str, float]]) -> tuple[float, float]:
@@ -97,7 +131,7 @@ def _mean(rows: list[dict[str, float]], key: str) -> float:
 
 
 def table(summaries: list[RunSummary]) -> str:
-    """A markdown table, one row per run."""
+    """A markdown table, one row per run; a footnote says what a step is."""
     base = summaries[0].total_s
     head = ("| run | steps | total | vs first | samples/s | step s | gen s | old_lp s | update s | sync s "
             "| trainer idle | rollout idle | lag mean/max | partial |")
@@ -110,6 +144,8 @@ def table(summaries: list[RunSummary]) -> str:
             f"| {p.get('step', 0):.1f} | {gen:.1f} | {p.get('old_log_prob', 0):.1f} | {p.get('update_actor', 0):.1f} "
             f"| {p.get('param_sync', 0):.2f} | {s.trainer_idle:.2f} | {s.rollout_idle:.2f} "
             f"| {s.version_lag_mean:.2f}/{s.version_lag_max:.0f} | {s.partial_ratio:.2f} |")
+    lines.append("\nstep = one training step; fully async: one sync cycle of T = trigger_parameter_sync_step "
+                 "local updates (verl's step), its phase times summed over the cycle.")
     return "\n".join(lines)
 
 

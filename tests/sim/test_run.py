@@ -70,7 +70,9 @@ def test_gpu_profile_needs_gpus_and_a_dividing_tp(tmp_path):
 def test_cli_compare_writes_a_table(tmp_path, capsys):
     assert main(["sim", *SMALL, f"trainer.output_dir={tmp_path}", "--compare", "modes"]) == 0
     table = capsys.readouterr().out
-    assert len(table.strip().splitlines()) == 2 + len(VARIANTS) and "fully_async (d)" in table
+    rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + len(VARIANTS) and "fully_async (d)" in table
+    assert "sync cycle of T = trigger_parameter_sync_step" in table
     assert len(json.loads((tmp_path / "compare.json").read_text())) == len(VARIANTS)
 
 
@@ -87,3 +89,34 @@ def test_the_lag_cap_drops_stale_groups_and_regenerates_their_prompts(tmp_path):
     assert summary.version_lag_max <= 1
     ledger = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(ledger) == 32 * 4 and len({s["prompt"] for s in ledger}) == 32 * 4  # regenerated, not lost
+
+
+def test_the_in_flight_cap_binds_and_loses_nothing(tmp_path):
+    # 4 engines (8 GPUs at TP 2); the staleness budget alone would let 48 prompts start per version
+    _, _, free = run(tmp_path / "free", MODES["fully_async (c)"])
+    cap = " async_training.max_concurrent_samples_per_server=1"
+    _, _, capped = run(tmp_path / "capped", MODES["fully_async (c)"] + cap)
+    assert capped[-1]["fully_async/static/max_concurrent_samples"] == 4
+    assert capped[-1]["rollouter/peak_in_flight"] == 4 < free[-1]["rollouter/peak_in_flight"]
+    assert free[-1]["fully_async/static/max_concurrent_samples"] == 64  # verl's default: 16 per server
+    assert sum(r["training/responses"] for r in capped) == 32 * 4 * 4
+
+
+def test_fully_async_steps_are_sync_cycles_and_stale_counters_accumulate(tmp_path):
+    _, summary, steps = run(tmp_path, MODES["fully_async (c)"])  # T = 4: 16 updates, 4 syncs
+    assert (summary.steps, summary.updates) == (4, 16)
+    per_update = sum(r["timing_s/update_actor"] for r in steps) / 16
+    assert summary.phases["update_actor"] == pytest.approx(4 * per_update, rel=1e-9, abs=1e-9)
+    samples = [r["fully_async/count/stale_samples_processed"] for r in steps]
+    trajectories = [r["fully_async/count/stale_trajectory_processed"] for r in steps]
+    assert samples == sorted(samples) and trajectories == sorted(trajectories) and samples[-1] > 0
+    assert trajectories[-1] >= 4 * samples[-1]  # a stale group's 4 responses are all stale
+    assert summary.stale_samples == samples[-1]
+    assert [r["fully_async/count/current_param_version"] for r in steps] == [(r["training/global_step"] - 1) // 4
+                                                                             for r in steps]
+
+
+def test_partial_rollout_with_threshold_zero_runs_with_nothing_to_interrupt(tmp_path):
+    _, summary, steps = run(tmp_path, MODES["fully_async (b)"] + " async_training.partial_rollout=true")
+    assert sum(r["training/responses"] for r in steps) == 32 * 4 * 4
+    assert summary.partial_ratio == 0 and summary.version_lag_max == 0
