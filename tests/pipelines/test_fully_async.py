@@ -61,6 +61,24 @@ def test_partial_rollout_spans_versions(tiny_cache, tmp_path):
     assert max(s["segments"] for s in read_jsonl(tmp_path / "samples.jsonl")) >= 2
 
 
+def test_the_in_flight_cap_binds(tiny_cache, tmp_path):
+    # threshold 1 lets 8 prompts start per version; one engine at 1 per server keeps 1 in flight
+    rows = run_pipeline(tmp_path, *SMALL, "async_training.staleness_threshold=1.0",
+                        "async_training.max_concurrent_samples_per_server=1", "rollout.total_rollout_steps=16")
+    assert max(r["rollouter/peak_in_flight"] for r in rows) == 1
+    assert rows[-1]["fully_async/static/max_concurrent_samples"] == 1
+    prompts = [s["prompt"] for s in read_jsonl(tmp_path / "samples.jsonl")]
+    assert len(prompts) == 16 == len(set(prompts))
+
+
+def test_partial_rollout_with_threshold_zero_trains_every_prompt_on_policy(tiny_cache, tmp_path):
+    run_pipeline(tmp_path, *SMALL, "async_training.partial_rollout=true",
+                 "async_training.trigger_parameter_sync_step=2", "rollout.total_rollout_steps=24")
+    ledger = read_jsonl(tmp_path / "samples.jsonl")
+    assert len({s["prompt"] for s in ledger}) == 24 == len(ledger)
+    assert all(s["trained_at_version"] == s["start_version"] and s["segments"] == 1 for s in ledger)
+
+
 def test_a_crash_in_the_rollouter_fails_the_run(tiny_cache, tmp_path, monkeypatch):
     calls = {"n": 0}
     real = RolloutServer.generate_scored
