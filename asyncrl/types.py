@@ -40,6 +40,11 @@ class RunLength(Sequence[V]):
     @overload
     def __getitem__(self, index: slice) -> list[V]: ...
     def __getitem__(self, index: int | slice) -> V | list[V]:
+        runs = self.runs  # start/end version (the simulator's hot path): no walk over the runs
+        if index == 0 and runs and runs[0][1]:
+            return runs[0][0]
+        if index == -1 and runs and runs[-1][1]:
+            return runs[-1][0]
         if isinstance(index, slice):
             return list(self)[index]
         i = index + self._len if index < 0 else index
@@ -132,11 +137,17 @@ class Trajectory:
 
     @property
     def start_version(self) -> int:
-        return self.versions[0] if self.versions else -1
+        versions = self.versions
+        if type(versions) is RunLength and versions.runs and versions.runs[0][1]:  # the simulator's
+            return versions.runs[0][0]  # responses: read the first run, no sequence protocol
+        return versions[0] if versions else -1
 
     @property
     def end_version(self) -> int:
-        return self.versions[-1] if self.versions else -1
+        versions = self.versions
+        if type(versions) is RunLength and versions.runs and versions.runs[-1][1]:
+            return versions.runs[-1][0]
+        return versions[-1] if versions else -1
 
     @property
     def num_segments(self) -> int:

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import heapq
 import selectors
+from collections import deque
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from asyncrl.telemetry.clock import use_clock
 
 T = TypeVar("T")
+_MAX_JUMP_S = 24 * 3600.0  # asyncio.base_events.MAXIMUM_SELECT_TIMEOUT
 
 
 class SimDeadlock(RuntimeError):
@@ -50,6 +53,43 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._jumper.now
+
+    def _run_once(self) -> None:
+        """CPython's `BaseEventLoop._run_once` without I/O polling or debug timing (a simulation
+        spends a tenth of its time here): the same callbacks in the same order, and the clock
+        jumps exactly as `_JumpingSelector.select` moves it."""
+        self._drop_cancelled_timers()
+        loop: Any = self  # the base loop's private state, which typeshed does not declare
+        scheduled: list[Any] = loop._scheduled
+        ready: deque[Any] = loop._ready
+        jumper = self._jumper
+        if not (ready or loop._stopping):
+            jumper.select(min(max(0, scheduled[0]._when - jumper.now), _MAX_JUMP_S) if scheduled else None)
+        end_time = jumper.now + self._clock_resolution
+        while scheduled and scheduled[0]._when < end_time:
+            handle = heapq.heappop(scheduled)
+            handle._scheduled = False
+            ready.append(handle)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
+
+    def _drop_cancelled_timers(self) -> None:
+        """As `_run_once` does: all of them when they are many, else those at the heap's head."""
+        loop: Any = self
+        scheduled: list[Any] = loop._scheduled
+        if len(scheduled) > 100 and loop._timer_cancelled_count / len(scheduled) > 0.5:
+            for handle in scheduled:
+                if handle._cancelled:
+                    handle._scheduled = False
+            loop._scheduled = [h for h in scheduled if not h._cancelled]
+            heapq.heapify(loop._scheduled)
+            loop._timer_cancelled_count = 0
+            return
+        while scheduled and scheduled[0]._cancelled:
+            loop._timer_cancelled_count -= 1
+            heapq.heappop(scheduled)._scheduled = False
 
 
 def run_virtual(coro: Coroutine[Any, Any, T]) -> tuple[T, float]:

@@ -47,3 +47,21 @@ def test_deadlock_is_an_error_not_a_hang():
 
     with pytest.raises(SimDeadlock):
         run_virtual(main())
+
+
+def test_cancelled_timers_never_fire_and_the_rest_keep_time_and_order():
+    """Past 100 timers with most cancelled, the loop drops them in bulk (as CPython's does)."""
+    fired: list[tuple[int, float]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        handles = [loop.call_later(1.0 + i, lambda i=i: fired.append((i, loop.time()))) for i in range(300)]
+        for i, handle in enumerate(handles):
+            if i % 3:
+                handle.cancel()
+        await asyncio.sleep(2 * 86400.0)  # longer than one jump (asyncio caps a wait at a day)
+
+    _, elapsed = run_virtual(main())
+    assert [i for i, _ in fired] == list(range(0, 300, 3))
+    assert [t for _, t in fired] == pytest.approx([1.0 + i for i in range(0, 300, 3)], rel=0, abs=1e-6)
+    assert elapsed == pytest.approx(2 * 86400.0, rel=0, abs=1e-6)
