@@ -27,7 +27,8 @@ of length l costs 2*params*l + 2*layers*hidden*l^2 forward FLOPs (the second ter
 attention). Sequences are balanced over ranks longest-first (snake order, as verl's
 seqlen balancing does); a pass takes as long as its busiest rank, plus `micro_batch_s` for
 every micro-batch of `micro_tokens` tokens that rank runs (ranks run at `dp_efficiency` per
-doubling of their number, fitted from the update times). `micro_tokens` is verl's
+doubling of their number in an update, fitted from the update times; forward passes have no
+gradient reduction and scale linearly). `micro_tokens` is verl's
 `ppo_max_token_len_per_gpu` (dynamic batch size): a rank's micro-batches hold at most
 `micro_tokens x sequence_parallel` tokens. A colocated log-prob pass adds `logprob_pass_s`
 (reloading the trainer state offloaded for generation; decoupled trainers do not pay it); the
@@ -106,14 +107,16 @@ def balance(work: np.ndarray, tokens: np.ndarray, ranks: int) -> tuple[np.ndarra
 
 
 def pass_seconds(p: Profile, lengths: np.ndarray, devices: int, micro_tokens: int,
-                 flops_factor: float, mfu: float) -> float:
-    """One pass (forward, or forward+backward with flops_factor 3) over these sequences."""
+                 flops_factor: float, mfu: float, dp_efficiency: float = 1.0) -> float:
+    """One pass (forward, or forward+backward with flops_factor 3) over these sequences; ranks
+    keep `dp_efficiency` of their speed per doubling of their number (gradient reduce-scatter:
+    updates only, forward passes scale linearly)."""
     if len(lengths) == 0:
         return 0.0
     sp = max(1, min(p.sequence_parallel, devices))
     ranks = max(1, devices // sp)
     work, tokens = balance(flops_factor * forward_flops(p, lengths), lengths.astype(np.float64), ranks)
-    compute = work / (sp * p.device_tflops * 1e12 * mfu * p.dp_efficiency ** math.log2(ranks))
+    compute = work / (sp * p.device_tflops * 1e12 * mfu * dp_efficiency ** math.log2(ranks))
     micro = np.ceil(tokens / (max(micro_tokens, 1) * sp)) * p.micro_batch_s
     return float(np.max(compute + micro))
 
@@ -130,7 +133,8 @@ def logprob_seconds(p: Profile, lengths: np.ndarray, devices: int, micro_tokens:
 def update_seconds(p: Profile, mini_batches: Sequence[np.ndarray], devices: int, micro_tokens: int,
                    epochs: int) -> float:
     """The actor (or critic) update: per epoch, forward+backward of each mini-batch, then a step."""
-    per_epoch = sum(pass_seconds(p, mb, devices, micro_tokens, 3.0, p.train_mfu) + p.optimizer_step_s
+    per_epoch = sum(pass_seconds(p, mb, devices, micro_tokens, 3.0, p.train_mfu, p.dp_efficiency)
+                    + p.optimizer_step_s
                     for mb in mini_batches)
     return epochs * per_epoch
 

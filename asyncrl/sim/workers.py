@@ -278,7 +278,7 @@ class SimTrainer:
         if self.use_ref:
             await self._stage("ref", logprob, metrics)
         await self._stage("adv", 0.0, metrics)
-        backward = costs.pass_seconds(p, lengths, self.devices, micro, 3.0, p.train_mfu)
+        backward = costs.pass_seconds(p, lengths, self.devices, micro, 3.0, p.train_mfu, p.dp_efficiency)
         await self._stage("update_actor", backward, metrics)
         for k, v in metrics.items():
             self._streamed[k] = self._streamed.get(k, 0.0) + v
