@@ -85,3 +85,17 @@ def test_gpu_memory_utilization_sets_the_modelled_kv_capacity():
     assert costs.kv_capacity_tokens(raised, 4) == pytest.approx((4 * 96e9 * 0.9 - 15.24e9) / 57344, rel=1e-6, abs=1)
     with pytest.raises(ConfigError, match="sim.gpu_memory_utilization"):
         with_memory_utilization(p, 1.5)
+
+
+def test_token_per_gpu_micro_batches_and_dp_efficiency_slow_updates_only():
+    """4 devices, Ulysses 2: 2 ranks of 2 sequences (200 tokens each). `ppo_micro_batch_tokens`
+    60 per GPU x 2 = 120 tokens per micro-batch: 2 per rank. dp_efficiency 0.5 halves the
+    update's speed at 2 ranks; the forward log-prob pass keeps full speed."""
+    p = dataclasses.replace(P, sequence_parallel=2, dp_efficiency=0.5)
+    lengths = np.array([100, 100, 100, 100])
+    flops = 2e9 * 100 + 2 * 2 * 10 * 100**2
+    forward = 2 * flops / (2 * 1e12 * 0.5)  # a rank's two sequences on its 2 devices at MFU 0.5
+    assert costs.logprob_seconds(p, lengths, 4, 60, colocated=False) == pytest.approx(
+        forward + 2 * 0.1, rel=1e-12, abs=0)
+    assert costs.update_seconds(p, [lengths], 4, 60, epochs=1) == pytest.approx(
+        3 * forward / 0.5 + 2 * 0.1 + 0.2, rel=1e-12, abs=0)
