@@ -13,6 +13,7 @@ docs/benchmarks.md and docs/img/*.png):
 - sync:       weight sync vs the memory-copy bound (bench/weight_sync.py)
 - calibrate:  the h20-qwen2.5-7b profile vs SPEC §6 (bench/calibrate.py)
 - plan:       a 400-step 128-GPU schedule (speed of the simulator) and every mode compared on it
+- sim_speed:  the 400-step 128-GPU colocated and fully async 64:64 schedules timed (bench/sim_speed.py)
 - faults:     what SIGTERM, SIGKILL, a failing or hung reward, a crashing reward worker and a full
               disk cost, and that each resume trains every prompt once (bench/faults.py;
               docs/reliability.md)
@@ -111,6 +112,10 @@ def part_plan() -> None:
                                f"{quiet} --compare modes", "rows": compare}}, indent=1))
 
 
+def part_sim_speed() -> None:
+    sh(PY, "bench/sim_speed.py")
+
+
 def part_faults() -> None:
     sh(PY, "bench/faults.py")
 
@@ -124,7 +129,8 @@ def part_long_tail_cpu() -> None:
 
 
 PARTS = {"pipelines": part_pipelines, "sim": part_sim, "peer": part_peer, "engine": part_engine,
-         "sync": part_sync, "calibrate": part_calibrate, "plan": part_plan, "faults": part_faults,
+         "sync": part_sync, "calibrate": part_calibrate, "plan": part_plan, "sim_speed": part_sim_speed,
+         "faults": part_faults,
          "long_tail_sim": part_long_tail_sim, "long_tail_cpu": part_long_tail_cpu}
 
 
