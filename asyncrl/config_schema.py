@@ -334,7 +334,7 @@ class SimConfig:
     length_sigma: float = 0.9
     """Lognormal shape of response lengths: 0.9 puts the longest of 8K responses ~25x above the median."""
     length_growth: float = 0.0025
-    """Relative growth of the median length per policy version: 0.0025 doubles it in 400 versions, as in DAPO runs (docs/simulator.md)."""
+    """Relative growth of the median length per policy version (0.0025 doubles it in 400 versions, as DAPO runs)."""
     length_prompt_share: float = 0.0
     """Share of the log-length variance a prompt explains (its difficulty): 0 = responses independent of the prompt."""
     prompt_length: int = 150
@@ -344,7 +344,7 @@ class SimConfig:
     trace_max_events: int = 100000
     """Spans kept in the simulated trace.json (later ones are counted, not kept)."""
     gpu_memory_utilization: float = 0.0
-    """Fraction of each modelled GPU the engine may use for weights + KV cache (vLLM's knob); 0 = the profile's value."""
+    """Share of each modelled GPU for weights + KV cache (vLLM's knob); 0 = the profile's value."""
 
 
 @dataclass(frozen=True)
