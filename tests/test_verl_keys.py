@@ -161,7 +161,7 @@ def test_asyncrl_sim_runs_a_recipe(recipe: str, env: dict[str, str], capsys: pyt
     code = cli.main(["sim", *args, *SPEED[pipeline]])
     err = capsys.readouterr().err
     assert code == 0, err
-    assert re.search(r"simulated 2 steps", err), err
+    assert re.search(r"simulated [1-9][0-9]* steps", err), err  # fully async counts sync cycles (verl's step)
     assert next(Path(env["HOME"]).rglob("metrics.jsonl")).stat().st_size > 0
 
 
