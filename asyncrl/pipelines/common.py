@@ -187,11 +187,12 @@ def staleness_metrics(groups: Sequence[Group], version: int,
         return {}
     lags = [version - v for v in starts]
     partial = [t.num_segments > 1 for g in groups for t in g.trajectories]
-    totals["fully_async/count/stale_samples_processed"] = totals.get("fully_async/count/stale_samples_processed", 0) \
-        + sum(version - max(t.end_version for t in g.trajectories) >= 1 for g in groups if g.trajectories)
-    totals["fully_async/count/stale_trajectory_processed"] = totals.get(
-        "fully_async/count/stale_trajectory_processed", 0) + sum(
-        version - t.end_version >= 1 for g in groups for t in g.trajectories)
+    stale = {"stale_samples_processed": sum(version - max(t.end_version for t in g.trajectories) >= 1
+                                            for g in groups if g.trajectories),
+             "stale_trajectory_processed": sum(version - t.end_version >= 1 for g in groups for t in g.trajectories)}
+    for name, count in stale.items():
+        key = f"fully_async/count/{name}"
+        totals[key] = totals.get(key, 0) + count
     return {"staleness/version_lag_mean": sum(lags) / len(lags), "staleness/version_lag_max": max(lags),
             **totals, "fully_async/count/current_param_version": version,
             "fully_async/partial/total_partial_num": sum(partial),

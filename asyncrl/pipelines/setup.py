@@ -81,11 +81,15 @@ class RolloutRouter:
                 self._in_flight[i] -= 1
                 self._owner.pop(uid, None)
 
-    def _pick(self) -> int:
+    def _ready(self) -> list[int]:
+        """Workers taking groups now (not set aside until a weight sync)."""
         ready = [i for i in range(len(self.workers)) if i not in self._waiting_for_sync]
         if not ready:
             raise WorkerDied("every rollout worker died; the run stops")
-        return min(ready, key=lambda i: self._in_flight[i])
+        return ready
+
+    def _pick(self) -> int:
+        return min(self._ready(), key=lambda i: self._in_flight[i])
 
     def _restarted(self, i: int, restarts_seen: int) -> bool:
         """Worker i died: count a restart (once per death, however many groups saw it) and set
@@ -106,8 +110,7 @@ class RolloutRouter:
 
     async def score(self, groups: list[Group]) -> list[Group]:
         """Score in every ready worker's reward pool at once, a share of the groups each."""
-        ready = [i for i in range(len(self.workers)) if i not in self._waiting_for_sync] or [self._pick()]
-        ready = ready[: max(len(groups), 1)]
+        ready = self._ready()[: max(len(groups), 1)]
         parts = await asyncio.gather(*(self.workers[i].score(groups[k::len(ready)]) for k, i in enumerate(ready)))
         out = list(groups)
         for k, part in enumerate(parts):

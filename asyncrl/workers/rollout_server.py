@@ -100,9 +100,7 @@ class RolloutServer:
             scoring[rid].cancel()  # a finisher cut by `keep`: its score is not needed
 
     async def _score_one(self, row: PromptRow, traj: Trajectory) -> None:
-        start = clock.now()
-        await asyncio.to_thread(self.reward.score, [row], [traj])
-        traj.timings |= {"reward_start": start, "reward_end": clock.now()}
+        await self.score([Group(uid=traj.request_id, row=row, trajectories=[traj])])
 
     async def score(self, groups: list[Group]) -> list[Group]:
         """Rewards in the reward process pool (waited for on a thread), so the engine keeps stepping."""
