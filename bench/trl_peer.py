@@ -119,7 +119,8 @@ def grpo_config(args: argparse.Namespace, out_dir: str) -> GRPOConfig:
         beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=a.clip_ratio_low,
         learning_rate=a.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=a.warmup_steps,
         weight_decay=a.weight_decay, adam_beta1=a.betas[0], adam_beta2=a.betas[1],
-        max_grad_norm=a.grad_clip)
+        max_grad_norm=a.grad_clip,
+        generation_kwargs={"min_new_tokens": args.max_len} if args.forced else None)
 
 
 def time_method(obj: Any, name: str, seconds: list[float]) -> None:
@@ -195,6 +196,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=OURS.data.train_batch_size, help="prompts per step")
     ap.add_argument("--n", type=int, default=OURS.rollout.n, help="completions per prompt")
     ap.add_argument("--max-len", type=int, default=OURS.data.max_response_length, help="max completion tokens")
+    ap.add_argument("--forced", action="store_true",
+                    help="every completion is --max-len tokens (EOS suppressed), as rollout.ignore_eos=true")
     ap.add_argument("--mini-batch", type=int, default=OURS.actor.ppo_mini_batch_size,
                     help="prompts per optimizer update")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")

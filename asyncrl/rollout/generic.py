@@ -161,7 +161,7 @@ class GenericForward:
         # HF sees every row with `past` cached positions; a row's slots past its own position are
         # stale, so the mask hides them. The new token is HF's position `past` (the last column).
         hf_cache = DynamicCache(ddp_cache_data=[
-            (k[:b, :past].transpose(1, 2), v[:b, :past].transpose(1, 2))
+            (k[:b, :, :past], v[:b, :, :past])
             for k, v in zip(cache.keys, cache.values)
         ])
         columns = torch.arange(past + 1, device=token_ids.device)[None]
@@ -169,8 +169,8 @@ class GenericForward:
         out = self.model(input_ids=token_ids[:, None], attention_mask=mask,
                          position_ids=positions[:, None], past_key_values=hf_cache, use_cache=True)
         for layer, (keys, values) in enumerate(_kv_pairs(out.past_key_values)):
-            cache.keys[layer][rows, positions] = keys[:, :, -1]
-            cache.values[layer][rows, positions] = values[:, :, -1]
+            cache.keys[layer][rows, :, positions] = keys[:, :, -1]
+            cache.values[layer][rows, :, positions] = values[:, :, -1]
         return out.logits[:, -1].float()
 
     # ---- prefill ----
@@ -199,8 +199,8 @@ class GenericForward:
             kwargs["logits_to_keep"] = keep
         out = self.model(input_ids=token_ids, use_cache=True, **kwargs)
         for layer, (keys, values) in enumerate(_kv_pairs(out.past_key_values)):
-            cache.keys[layer][first_slot : first_slot + n, :t] = keys.transpose(1, 2)
-            cache.values[layer][first_slot : first_slot + n, :t] = values.transpose(1, 2)
+            cache.keys[layer][first_slot : first_slot + n, :, :t] = keys
+            cache.values[layer][first_slot : first_slot + n, :, :t] = values
         column = torch.searchsorted(keep, last) if self.keeps_logits else last
         return out.logits[torch.arange(n, device=token_ids.device), column].float()
 

@@ -1,8 +1,9 @@
 """A slot-indexed key/value cache that grows and shrinks with the running batch.
 
-Layout per layer: `(slots, capacity, kv_heads, head_dim)` for keys and for values. Running
+Layout per layer: `(slots, kv_heads, capacity, head_dim)` for keys and for values (head-major:
+each (slot, head) is one contiguous run of positions, which batched matmuls read fastest). Running
 sequences occupy slots 0..B-1 (the scheduler keeps them compact by moving the last slot into a
-hole), so a decode step attends over the strided view `[:B, :L]` with no gather copy.
+hole), so a decode step attends over the strided view `[:B, :, :L]` with no gather copy.
 
 Physical memory is `slots_allocated × capacity` tokens per layer, both rounded up to powers of
 two and shrunk with hysteresis; it is NOT bounded by the scheduler's token budget (a long
@@ -47,7 +48,7 @@ class SlotKVCache:
         self.min_capacity = min_capacity
         self.slots = 0
         self.capacity = 0
-        self.keys: list[torch.Tensor] = []  # per layer: (slots, capacity, kv_heads, head_dim)
+        self.keys: list[torch.Tensor] = []  # per layer: (slots, kv_heads, capacity, head_dim)
         self.values: list[torch.Tensor] = []
 
     def reserve(self, num_slots: int, length: int) -> None:
@@ -65,7 +66,7 @@ class SlotKVCache:
             self._reallocate(want_slots, want_cap, keep_slots=num_slots, keep_len=length)
 
     def _reallocate(self, slots: int, capacity: int, *, keep_slots: int, keep_len: int) -> None:
-        shape = (slots, capacity, self.kv_heads, self.head_dim)
+        shape = (slots, self.kv_heads, capacity, self.head_dim)
         s = min(keep_slots, self.slots, slots)
         n = min(keep_len, self.capacity, capacity)
         new_k: list[torch.Tensor] = []
@@ -74,8 +75,8 @@ class SlotKVCache:
             k = torch.zeros(shape, dtype=self.dtype, device=self.device)
             v = torch.zeros(shape, dtype=self.dtype, device=self.device)
             if s > 0 and n > 0:
-                k[:s, :n] = self.keys[layer][:s, :n]
-                v[:s, :n] = self.values[layer][:s, :n]
+                k[:s, :, :n] = self.keys[layer][:s, :, :n]
+                v[:s, :, :n] = self.values[layer][:s, :, :n]
             new_k.append(k)
             new_v.append(v)
         self.keys, self.values = new_k, new_v
@@ -86,8 +87,8 @@ class SlotKVCache:
         if src == dst or length <= 0:
             return
         for k, v in zip(self.keys, self.values):
-            k[dst, :length] = k[src, :length]
-            v[dst, :length] = v[src, :length]
+            k[dst, :, :length] = k[src, :, :length]
+            v[dst, :, :length] = v[src, :, :length]
 
     def release(self) -> None:
         """Drop every buffer (the engine is idle or closing)."""

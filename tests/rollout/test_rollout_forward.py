@@ -103,12 +103,12 @@ def test_cache_reserve_keeps_contents_and_move_compacts() -> None:
     cache.reserve(2, 3)
     assert (cache.slots, cache.capacity) == (2, 4)
     for layer in range(2):
-        cache.keys[layer][1, :3] = torch.arange(6.0).view(3, 1, 2) + layer
+        cache.keys[layer][1, :, :3] = torch.arange(6.0).view(1, 3, 2) + layer
     cache.reserve(5, 9)  # grow both dimensions to powers of two
     assert (cache.slots, cache.capacity) == (8, 16)
-    torch.testing.assert_close(cache.keys[1][1, :3].flatten(), torch.arange(6.0) + 1)
+    torch.testing.assert_close(cache.keys[1][1, :, :3].flatten(), torch.arange(6.0) + 1)
     cache.move(src=1, dst=0, length=3)
-    torch.testing.assert_close(cache.keys[0][0, :3].flatten(), torch.arange(6.0))
+    torch.testing.assert_close(cache.keys[0][0, :, :3].flatten(), torch.arange(6.0))
     cache.reserve(1, 3)  # need fell below a quarter: shrink, keeping slot 0
     assert (cache.slots, cache.capacity) == (1, 4)
-    torch.testing.assert_close(cache.keys[0][0, :3].flatten(), torch.arange(6.0))
+    torch.testing.assert_close(cache.keys[0][0, :, :3].flatten(), torch.arange(6.0))
