@@ -334,6 +334,7 @@ def validate(cfg: Config) -> None:
     _choice(cfg.actor.kl_loss_type, KL_KINDS, "actor.kl_loss_type")
     _choice(cfg.algorithm.kl_penalty, KL_KINDS, "algorithm.kl_penalty")
     _choice(cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive"), "algorithm.kl_ctrl.type")
+    _choice(cfg.actor.old_log_probs, OLD_LOG_PROBS, "actor.old_log_probs")
     _choice(cfg.actor.off_policy_correction, ("none", "token", "sequence"), "actor.off_policy_correction")
     _choice(cfg.rollout.engine, ENGINES, "rollout.engine")
     _choice(cfg.model.dtype, ("float32", "bfloat16"), "model.dtype")
@@ -427,6 +428,7 @@ READ_BY: dict[str, tuple[str, ...]] = {
     "async_training.max_version_lag": ("fully_async",),
     "async_training.max_concurrent_samples_per_server": ("fully_async",),
     "async_training.use_rollout_log_probs": ("one_step_off", "fully_async"),
+    "actor.old_log_probs": ("colocated",),
     "rollout.total_rollout_steps": ("fully_async",),
     "rollout.test_freq": ("fully_async",),
 }
@@ -446,12 +448,28 @@ def check_pipeline_keys(cfg: Config) -> None:
                               f"pipeline={' / '.join(readers)}): remove it or set pipeline={readers[-1]}")
 
 
-def old_log_prob_source(cfg: Config) -> str:
-    """Colocated recomputes (on-policy). Decoupled: the engine's behaviour log-probs by default
+OLD_LOG_PROBS = ("auto", "recompute", "rollout")
+PASS_SOURCES = ("recompute", "proximal")
+"""The old-log-prob sources that cost a forward pass before the update."""
+
+
+def old_log_prob_source(cfg: Config, exact_rollout: bool) -> str:
+    """Where PPO's old log-probs come from: recompute | rollout | proximal | update.
+
+    Colocated (on-policy) follows `actor.old_log_probs`; its `auto` takes, without a pass of its
+    own: "update" (the update's own forward, detached: exact) when each batch is one optimizer
+    step and no KL-in-reward needs them first; else "rollout" when `exact_rollout` (the engine
+    computes log-probs as the trainer does, e.g. float32 on CPU: they differ by float rounding);
+    else "recompute". Decoupled: the engine's behaviour log-probs by default
     (`async_training.use_rollout_log_probs`), else a recomputed proximal policy, with truncated
     importance weights when `actor.off_policy_correction` is set (decoupled PPO)."""
     if cfg.pipeline == "colocated":
-        return "recompute"
+        if cfg.actor.old_log_probs != "auto":
+            return cfg.actor.old_log_probs
+        one_step = cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size >= cfg.data.train_batch_size
+        if one_step and not cfg.algorithm.use_kl_in_reward:
+            return "update"
+        return "rollout" if exact_rollout else "recompute"
     if cfg.async_training.use_rollout_log_probs:
         return "rollout"
     return "recompute" if cfg.actor.off_policy_correction == "none" else "proximal"

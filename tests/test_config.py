@@ -7,7 +7,7 @@ import yaml
 
 from asyncrl import config as C
 from asyncrl.algorithms import ADV_ESTIMATOR_NAMES, LOSS_AGG_MODES, POLICY_LOSS_NAMES
-from asyncrl.config import config_from_dict, dump_config, field_docs, load_config
+from asyncrl.config import check_pipeline_keys, config_from_dict, dump_config, field_docs, load_config, old_log_prob_source
 from asyncrl.config_schema import Config
 from asyncrl.data import TASKS
 from asyncrl.errors import ConfigError
@@ -189,3 +189,24 @@ def test_an_unknown_key_names_where_it_went_wrong(key, message):
     with pytest.raises(ConfigError) as err:
         load_config(None, [f"{key}=1"])
     assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("overrides, exact, source", [
+    (["actor.ppo_mini_batch_size=32"], True, "update"),  # one optimizer step per batch
+    (["actor.ppo_mini_batch_size=32"], False, "update"),
+    (["actor.ppo_mini_batch_size=32", "algorithm.use_kl_in_reward=true"], True, "rollout"),  # needed before the update
+    (["actor.ppo_mini_batch_size=32", "actor.ppo_epochs=2"], False, "recompute"),
+    ([], True, "rollout"),  # two mini-batches, float32 on CPU
+    ([], False, "recompute"),  # two mini-batches, log-probs that differ from the trainer's
+    (["actor.old_log_probs=recompute", "actor.ppo_mini_batch_size=32"], True, "recompute"),
+    (["actor.old_log_probs=rollout"], False, "rollout"),
+    (["pipeline=one_step_off"], True, "rollout"),
+    (["pipeline=one_step_off", "async_training.use_rollout_log_probs=false"], True, "recompute"),
+])
+def test_old_log_prob_source(overrides, exact, source):
+    assert old_log_prob_source(load_config(None, overrides), exact) == source
+
+
+def test_old_log_probs_is_read_by_colocated_only():
+    with pytest.raises(ConfigError, match="actor.old_log_probs"):
+        check_pipeline_keys(load_config(None, ["pipeline=fully_async", "actor.old_log_probs=rollout"]))

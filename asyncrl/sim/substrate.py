@@ -104,6 +104,7 @@ class SimSubstrate:
         workload = Workload(cfg, cfg.seed)
         rollouts: list[RolloutSide] = [SimRolloutServer(cfg, self.profile, d.per_engine, workload)
                                        for _ in range(d.engines)]
-        trainer: TrainerSide = SimTrainer(cfg, self.profile, d.trainer, old_log_prob_source(cfg))
+        trainer: TrainerSide = SimTrainer(cfg, self.profile, d.trainer,
+                                               old_log_prob_source(cfg, self.profile.device == "cpu"))
         transport = SimTransport(rollouts, costs.sync_seconds(self.profile))
         return Workers(trainer, rollouts, transport, close=lambda: None)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncrl.config import PASS_SOURCES
 from asyncrl.config_schema import Config
 from asyncrl.roles import PauseMode, WeightSink
 from asyncrl.scheduling.batching import num_mini_batches
@@ -251,7 +252,7 @@ class SimTrainer:
         count = num_mini_batches(len(groups), self.cfg.actor.ppo_mini_batch_size)
         minis = [m for m in np.array_split(lengths, count) if len(m)]
         metrics: dict[str, float] = {}
-        if self.old_log_prob_source != "rollout":
+        if self.old_log_prob_source in PASS_SOURCES:
             await self._stage("old_log_prob", logprob, metrics)
         if self.use_ref:
             await self._stage("ref", logprob, metrics)
@@ -274,7 +275,8 @@ class SimTrainer:
         metrics: dict[str, float] = {}
         # A pass's fixed cost (weights and model set up for log-probs) is paid once per batch, not per chunk.
         logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated and not self._streamed)
-        await self._stage("old_log_prob", logprob, metrics)
+        if self.old_log_prob_source in PASS_SOURCES:
+            await self._stage("old_log_prob", logprob, metrics)
         if self.use_ref:
             await self._stage("ref", logprob, metrics)
         await self._stage("adv", 0.0, metrics)

@@ -142,7 +142,9 @@ class Actor:
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         """PPO epochs over mini-batches; one optimizer step per mini-batch."""
-        assert batch.advantages is not None and batch.old_log_probs is not None
+        assert batch.advantages is not None
+        assert batch.old_log_probs is not None or (self.cfg.ppo_epochs == 1 and num_mini_batches == 1), \
+            "old log-probs from the update's own forward need one optimizer step per batch"
         metrics = mean_over_mini_batches(batch, self.cfg.ppo_epochs, num_mini_batches, self._mini_batch_step)
         self.version += 1
         return metrics | {"actor/lr": self._last_lr}
@@ -150,7 +152,7 @@ class Actor:
     def accumulate(self, batch: TrainBatch) -> None:
         """Add the gradient of this chunk's loss sum (unnormalised; see the module docstring).
         Weights do not change until `apply_update`."""
-        assert batch.advantages is not None and batch.old_log_probs is not None
+        assert batch.advantages is not None
         self._pg_mode()  # fail before any backward when the terms cannot share one denominator
         if self._pending is None:
             self.optimizer.zero_grad(set_to_none=True)
@@ -217,11 +219,14 @@ class Actor:
 
     def _micro_batch_loss(self, mb: TrainBatch, counts: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
-        assert mb.old_log_probs is not None and mb.advantages is not None
+        assert mb.advantages is not None
         logits = response_logits(self.model, mb)
         log_prob = logprobs_from_logits(logits, mb.responses, self.temperature)
+        # None: this forward runs on the weights that generated the batch (one optimizer step
+        # per batch, see `train_step`), so its log-probs, detached, are the old ones exactly.
+        old = log_prob.detach() * mb.response_mask if mb.old_log_probs is None else mb.old_log_probs
         loss, metrics = compute_policy_loss(
-            cfg.policy_loss, mb.old_log_probs, log_prob, mb.advantages, mb.response_mask,
+            cfg.policy_loss, old, log_prob, mb.advantages, mb.response_mask,
             loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
             is_weights=mb.is_weights, norm_length=self.norm_length, **counts)

@@ -97,7 +97,14 @@ def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
     actor = Actor(prepare_actor_model(model, cfg.model), cfg.actor, temperature=cfg.rollout.temperature or 1.0,
                   norm_length=cfg.data.max_response_length, total_steps=total_optimizer_steps(cfg))
     return PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
-                      old_log_prob_source=old_log_prob_source(cfg), num_threads=num_threads)
+                      old_log_prob_source=old_log_prob_source(cfg, exact_rollout_log_probs(cfg)),
+                      num_threads=num_threads)
+
+
+def exact_rollout_log_probs(cfg: Config) -> bool:
+    """Whether the engine's behaviour log-probs equal the trainer's up to float rounding: the
+    same model code in float32 on CPU (bf16 or GPU kernels differ measurably, so they recompute)."""
+    return cfg.model.dtype == "float32" and cfg.trainer.device == "cpu"
 
 
 def total_optimizer_steps(cfg: Config) -> int:

@@ -4,9 +4,12 @@ Pipelines differ in how groups are produced (colocated, one-step-off, streamed);
 to a batch of groups does not: old log-probs → reference log-probs → values → KL-in-reward →
 advantages → critic update → actor update, each a named timed stage.
 
-Old log-probs come from one of three sources (`old_log_prob_source`):
-- "recompute": the actor's current weights (verl's colocated default; on-policy);
-- "rollout": the engine's behaviour log-probs (`async_training.use_rollout_log_probs`);
+Old log-probs come from one of four sources (`asyncrl.config.old_log_prob_source`):
+- "recompute": a pass of the actor's current weights before the update (verl's; on-policy);
+- "update": none before the update; the actor takes its own forward's log-probs, detached (exact
+  when the batch is one optimizer step on the weights that generated it);
+- "rollout": the engine's behaviour log-probs (`async_training.use_rollout_log_probs`, or
+  colocated where the engine computes them as the trainer does);
 - "proximal": recomputed proximal policy plus truncated importance weights behaviour →
   proximal (AReaL's decoupled PPO; `actor.off_policy_correction`).
 
@@ -16,7 +19,7 @@ current, not yet updated weights; advantages per group, which is all a group est
 and `apply_update()` makes the one optimizer step once the batch is in. Stage timings add up over
 the chunks, batch statistics are taken over all of them and the adaptive KL-in-reward controller
 moves once per batch, so its metrics have the keys and values of `train_groups` on the same batch.
-Not for a critic or for log-probs other than recomputed ones (`asyncrl.config` rules those out).
+Not for a critic or a proximal policy (`asyncrl.config` rules those out).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from asyncrl.algorithms.advantages import compute_advantage
 from asyncrl.algorithms.agg import masked_mean
 from asyncrl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
 from asyncrl.algorithms.off_policy import truncated_is_weights
+from asyncrl.config import PASS_SOURCES
 from asyncrl.config_schema import AlgorithmConfig
 from asyncrl.scheduling.batching import num_mini_batches
 from asyncrl.sync import TrainerWeights, WeightMeta
@@ -60,7 +64,7 @@ class PPOTrainer:
     def __init__(self, actor: Actor, algorithm: AlgorithmConfig, *, pad_id: int,
                  ref: RefWorker | None = None, critic: Critic | None = None,
                  old_log_prob_source: str = "recompute", num_threads: int = 0) -> None:
-        assert old_log_prob_source in ("recompute", "rollout", "proximal")
+        assert old_log_prob_source in ("recompute", "update", "rollout", "proximal")
         self.num_threads = num_threads
         self.actor, self.ref, self.critic = actor, ref, critic
         self.algorithm = algorithm
@@ -96,8 +100,8 @@ class PPOTrainer:
     def accumulate_groups(self, groups: Sequence[Group]) -> dict[str, float]:
         """The gradients of these finished groups, added for the next `apply_update` (weights do
         not change); returns this chunk's stage timings and statistics."""
-        assert self.critic is None and self.old_log_prob_source == "recompute", \
-            "the stream trainer needs a critic-free estimator and recomputed old log-probs"
+        assert self.critic is None and self.old_log_prob_source != "proximal", \
+            "the stream trainer needs a critic-free estimator and on-policy old log-probs"
         stream = self._stream = self._stream or _Stream()
         metrics: dict[str, float] = {}
         batch = self._prepare(groups, metrics)
@@ -180,6 +184,8 @@ class PPOTrainer:
         if self.old_log_prob_source == "rollout":
             batch.old_log_probs = batch.rollout_log_probs
             return
+        if self.old_log_prob_source == "update":
+            return  # the actor's own forward gives them (Actor._micro_batch_loss)
         with timer("old_log_prob", metrics):
             batch.old_log_probs = self.actor.compute_log_probs(batch)
         mask = batch.response_mask
@@ -224,7 +230,7 @@ class PPOTrainer:
         metrics = masked_stats("critic/advantages", adv, torch.ones_like(adv))
         metrics |= masked_stats("critic/returns", ret, torch.ones_like(ret))
         metrics |= masked_stats("critic/rewards", rewards, torch.ones_like(rewards))
-        if self.old_log_prob_source != "rollout":
+        if self.old_log_prob_source in PASS_SOURCES:
             diff = cat([tokens(b, b.old_log_probs) - tokens(b, b.rollout_log_probs) for b in batches]).abs()
             metrics["training/rollout_logprob_diff_mean"] = float(masked_mean(diff, torch.ones_like(diff)))
         return metrics

@@ -24,8 +24,9 @@ def test_reward_rises(tiny_cache, tmp_path):
     AutoModelForCausalLM.from_pretrained(ckpt)
     assert AutoTokenizer.from_pretrained(ckpt).decode([20, 21]) == "ef"
     assert "traceEvents" in json.loads((tmp_path / "trace.json").read_text())
-    assert {"timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/adv",
+    assert {"timing_s/gen", "timing_s/reward", "timing_s/adv",
             "timing_s/update_actor", "timing_s/param_sync", "response_length/mean"} <= set(rows[1])
+    assert "timing_s/old_log_prob" not in rows[1]  # float32 on CPU: the engine's log-probs are exact
 
 
 def test_resume_continues_identically(tiny_cache, tmp_path):
@@ -67,3 +68,12 @@ def test_interrupt_saves_a_checkpoint(tiny_cache, tmp_path):
     assert asyncio.run(main())
     path = latest_checkpoint(ctx.output_dir)
     assert path is not None and (path / "actor" / "model.safetensors").exists()
+
+
+def test_recomputed_old_log_probs_equal_the_engines(tiny_cache, tmp_path):
+    """Why `actor.old_log_probs=auto` takes the engine's log-probs in float32 on CPU: the pass
+    it skips gives the same numbers up to float rounding."""
+    rows = run_pipeline(tmp_path, "actor.old_log_probs=recompute", "trainer.total_training_steps=2",
+                        "trainer.test_freq=0", "trainer.val_before_train=false")
+    assert "timing_s/old_log_prob" in rows[0]
+    assert 0 < rows[0]["training/rollout_logprob_diff_mean"] < 1e-4

@@ -71,3 +71,25 @@ def test_update_raises_probability_of_rewarded_responses():
     adv = batch.advantages[:, 0]
     assert (delta[adv > 0] > 0).all() and (delta[adv < 0] < 0).all()
     assert actor.version == 5
+
+
+@pytest.mark.parametrize("policy_loss", ["vanilla", "gspo"])
+def test_one_step_batch_takes_old_log_probs_from_its_own_forward(policy_loss):
+    """old_log_probs None (source "update"): the step equals the one on recomputed log-probs."""
+    groups = make_groups(2, 4)
+    grads = []
+    for recompute in (True, False):
+        model = tiny_lm()
+        cfg = ActorConfig(ppo_micro_batch_tokens=8, lr=1e-2, grad_clip=1e9, policy_loss=policy_loss,
+                          clip_ratio_low=1e-3, clip_ratio_high=1e-3)
+        actor = Actor(model, cfg, temperature=0.7, norm_length=4)
+        batch = prepared_batch(model, groups, actor)
+        if not recompute:
+            batch.old_log_probs = None
+        metrics = actor.train_step(batch, num_mini_batches=1)
+        assert metrics["actor/pg_clipfrac"] == 0.0  # ratio exactly 1 in both
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+    with pytest.raises(AssertionError, match="one optimizer step"):
+        Actor(tiny_lm(), ActorConfig(), temperature=1.0, norm_length=4).train_step(batch, num_mini_batches=2)
