@@ -28,6 +28,7 @@ from asyncrl.rollout.kv_cache import SlotKVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+_SDPA_GQA = torch.__version__ >= "2.5"  # scaled_dot_product_attention(enable_gqa=...)
 
 
 # The parts of an HF Llama / Qwen2 causal LM used here. nn.Module types every submodule attribute
@@ -133,6 +134,15 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: tor
     return torch.matmul(probs, values)
 
 
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal SDPA with grouped KV heads: q (n, H, T, D), k/v (n, Hkv, T, D)."""
+    if _SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    groups = q.shape[1] // k.shape[1]  # torch < 2.5: repeat the KV heads
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
+                                          is_causal=True, scale=scale)
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: (B, T, H, D); cos/sin: (B, T, 1, D). Same formula as HF's apply_rotary_pos_emb."""
     return (x * cos) + (_rotate_half(x) * sin)
@@ -227,30 +237,16 @@ class BatchedForward:
         h = self.base.embed_tokens(token_ids)  # (n, T, hidden)
         cos, sin = self.base.rotary_emb(h, positions)
         cos, sin = cos[:, :, None], sin[:, :, None]
-        mask = self._prefill_mask(lengths, t, h.dtype)
+        # Rows are right-padded, so causal attention alone keeps every real position off the
+        # padding (it only looks back): no (n, T, T) mask. Padded positions compute garbage that
+        # is written past each row's length, masked in decode and overwritten.
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, _rms_norm(layer.input_layernorm, h), cos, sin)
-            cache.keys[i][first_slot : first_slot + n, :, :t] = k.transpose(1, 2)
-            cache.values[i][first_slot : first_slot + n, :, :t] = v.transpose(1, 2)
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                k.transpose(1, 2).repeat_interleave(self.groups, dim=1),
-                v.transpose(1, 2).repeat_interleave(self.groups, dim=1),
-                attn_mask=mask,
-                is_causal=mask is None,
-                scale=self.scaling,
-            )  # (n, H, T, D)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (n, Hkv, T, D)
+            cache.keys[i][first_slot : first_slot + n, :, :t] = k
+            cache.values[i][first_slot : first_slot + n, :, :t] = v
+            out = _causal_attention(q.transpose(1, 2), k, v, self.scaling)  # (n, H, T, D)
             h = h + layer.self_attn.o_proj(out.transpose(1, 2).reshape(n, t, -1))
             h = self._mlp_residual(layer, h)
         last = h[torch.arange(n, device=device), lengths - 1]
         return self._logits(last)
-
-    @staticmethod
-    def _prefill_mask(lengths: torch.Tensor, t: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """(n, 1, T, T) causal + key-padding mask; None for one row (plain causal, no T×T tensor)."""
-        if lengths.shape[0] == 1:
-            return None
-        device = lengths.device
-        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-        valid_key = torch.arange(t, device=device)[None] < lengths[:, None]  # (n, T)
-        return _additive_mask(causal[None, None] & valid_key[:, None, None, :], dtype)
