@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -61,6 +61,7 @@ class RewardPool:
                  sandbox: SandboxConfig | None = None) -> None:
         assert num_workers >= 1 and timeout_s > 0, (num_workers, timeout_s)
         self.timeout_s = timeout_s
+        self.num_workers = num_workers
         self.custom_function = custom_function
         self.sandbox = sandbox or SandboxConfig()
         self._slots: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
@@ -73,19 +74,21 @@ class RewardPool:
         self._finalizer = weakref.finalize(self, _kill_all, self._live, self._lock)
 
     def run(self, calls: Sequence[RewardCall]) -> list[Outcome]:
-        """The outcome of each call, in order; at most `num_workers` run at once."""
+        """The outcome of each call, in order; at most `num_workers` run at once.
+
+        Calls go to the workers in chunks, one message per chunk, each call answered (and
+        deadlined) on its own: the same outcomes as one call at a time, without a round trip
+        per call (256 arithmetic calls: ~50 ms of IPC per step before)."""
         if len(calls) == 1:
             return [self.run_one(calls[0])]
-        return list(self._threads.map(self.run_one, calls))
+        size = -(-len(calls) // self.num_workers)
+        chunks = [list(calls[i : i + size]) for i in range(0, len(calls), size)]
+        return [o for outcomes in self._threads.map(self._run_chunk, chunks) for o in outcomes]
 
     def run_one(self, call: RewardCall) -> Outcome:
         """One call on an idle worker (waits for one); never raises for a failing reward."""
         outcome = self._attempt(call)
-        if isinstance(outcome, str) and not self._closed:  # the worker died: maybe not the call's fault
-            outcome = self._attempt(call)
-            if isinstance(outcome, str):
-                outcome += " (on the retry too)"
-        return failed("error", outcome) if isinstance(outcome, str) else outcome
+        return self._retry(call, outcome) if isinstance(outcome, str) else outcome
 
     def pids(self) -> list[int]:
         """Process ids of the live workers."""
@@ -107,6 +110,55 @@ class RewardPool:
             self._forget(worker)
             self._slots.put(None)  # a call waiting for a slot then fails fast in _start
 
+    def _run_chunk(self, calls: list[RewardCall]) -> list[Outcome]:
+        """`run_one` on each call, sent to one worker at once. Where a call times out, its
+        worker is replaced and the rest go on; where the worker dies, that call is retried once
+        alone (as `run_one` does) and the rest go on."""
+        outcomes: list[Outcome] = []
+        while calls:
+            done, cut = self._attempt_chunk(calls)
+            outcomes += done
+            calls = calls[len(done):]
+            if cut is not None:  # calls[0] ended its worker
+                outcomes.append(cut if not isinstance(cut, str) else self._retry(calls[0], cut))
+                calls = calls[1:]
+        return outcomes
+
+    def _retry(self, call: RewardCall, death: str) -> Outcome:
+        """A call whose worker died under it, once more on a fresh one (it may not be its fault)."""
+        if self._closed:
+            return failed("error", death)
+        outcome = self._attempt(call)
+        return failed("error", outcome + " (on the retry too)") if isinstance(outcome, str) else outcome
+
+    def _attempt_chunk(self, calls: list[RewardCall]) -> tuple[list[Outcome], Outcome | str | None]:
+        """The outcomes of the leading calls that completed, and how the next one ended its
+        worker (a "timeout" outcome, or the death as text), or None when all completed."""
+        worker = self._slots.get()
+        done: list[Outcome] = []
+        try:
+            if worker is not None and worker.proc.poll() is not None:
+                self._forget(worker)
+                worker = None
+            if worker is None:
+                worker = self._start()
+            for outcome in worker.call_many(calls, [deadline_s(c, self.timeout_s) for c in calls]):
+                done.append(outcome)
+            return done, None
+        except TimeoutError:
+            return done, self._timed_out(calls[len(done)])
+        except _WorkerDied as exc:
+            return done, str(exc)
+        finally:
+            if worker is not None and worker.proc.poll() is not None:
+                self._forget(worker)
+                worker = None
+            self._slots.put(worker)
+
+    def _timed_out(self, call: RewardCall) -> Outcome:
+        return failed("timeout", f"reward function still running after {deadline_s(call, self.timeout_s):g} s "
+                                 f"(reward.timeout_s); its process was killed")
+
     def _attempt(self, call: RewardCall) -> Outcome | str:
         """The call's outcome, or how the worker died (text) when it died mid-call."""
         worker = self._slots.get()
@@ -118,8 +170,7 @@ class RewardPool:
                 worker = self._start()
             return worker.call(call, deadline_s(call, self.timeout_s))
         except TimeoutError:
-            return failed("timeout", f"reward function still running after {deadline_s(call, self.timeout_s):g} s "
-                                     f"(reward.timeout_s); its process was killed")
+            return self._timed_out(call)
         except _WorkerDied as exc:
             return str(exc)
         finally:
@@ -193,6 +244,19 @@ class _Worker:
             raise TimeoutError
         outcome: Outcome = self._recv()
         return outcome
+
+    def call_many(self, calls: list[RewardCall], timeouts_s: list[float]) -> Iterator[Outcome]:
+        """Each call's answer as it comes, call i given `timeouts_s[i]` from call i-1's answer;
+        past it the worker is killed and TimeoutError raised; _WorkerDied if it dies."""
+        try:
+            self.conn.send(calls)
+        except OSError:
+            raise _WorkerDied(self._death()) from None
+        for timeout_s in timeouts_s:
+            if not self.conn.poll(timeout_s):
+                self.kill()
+                raise TimeoutError
+            yield self._recv()
 
     def _recv(self) -> Outcome:
         try:
@@ -310,10 +374,11 @@ def worker_main(fd: int, custom_function: str) -> None:
     conn.send("ready")
     while True:
         try:
-            call: RewardCall = conn.recv()
+            message: RewardCall | list[RewardCall] = conn.recv()
         except EOFError:
             return
-        conn.send(call_reward(functools.partial(score, call)))
+        for call in message if isinstance(message, list) else [message]:  # a chunk: one answer per call
+            conn.send(call_reward(functools.partial(score, call)))
 
 
 def _die_with_parent(parent: int) -> None:

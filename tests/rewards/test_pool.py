@@ -185,6 +185,22 @@ def test_concurrent_callers_share_the_workers(pool: RewardPool) -> None:
     assert len(pool.pids()) <= 2
 
 
+def test_a_chunk_keeps_each_calls_outcome_and_deadline(pool: RewardPool, tmp_path: Path) -> None:
+    """`run` sends each worker a chunk; a hang or crash inside one ends only that call, the calls
+    after it go on (on a fresh worker), and each call keeps its own deadline."""
+    kinds = ["ok", "hang", "ok", "ok", "crash_once", "ok", "os_exit", "ok"]
+    calls = [call(k, str(i), marker=str(tmp_path / "marker")) for i, k in enumerate(kinds)]
+    start = time.monotonic()
+    outcomes = pool.run(calls)
+    assert time.monotonic() - start < 4 * TIMEOUT_S + 3.0  # one deadline, not one per later call
+    got = [(o.result.status, o.result.score) for o in outcomes]
+    assert got == [("ok", 0.0), ("timeout", 0.0), ("ok", 2.0), ("ok", 3.0), ("ok", 1.0), ("ok", 5.0),
+                   ("error", 0.0), ("ok", 7.0)]
+    assert outcomes[6].result.error == "reward worker process exited with code 3 (on the retry too)"
+    assert len({o.result.details["pid"] for o in outcomes if "pid" in o.result.details}) >= 3  # replaced workers
+    assert len(pool.pids()) <= 2
+
+
 def test_close_kills_workers(rewards_file: Path) -> None:
     pool = RewardPool(2, TIMEOUT_S, f"{rewards_file}:reward")
     pool.run([call("ok"), call("ok")])
