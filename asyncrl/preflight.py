@@ -3,6 +3,7 @@
 `preflight(cfg, log)` takes about a second and turns the mistakes that used to surface minutes
 into a run, as tracebacks, into one `ConfigError`/`DataError` line naming the key that fixes it:
 
+- `trainer.device=cuda` has a CUDA device to run on;
 - the output directory (`trainer.output_dir`, or `outputs/` where run directories are made when it
   is empty) can be created and written, and its disk is not full (a warning under 1 GiB free);
 - every `data.train_files`/`data.val_files` exists, has a supported suffix and only well-formed
@@ -56,10 +57,21 @@ class DataFile(NamedTuple):
 def preflight(cfg: Config, log: Log) -> None:
     """Raise the first problem found as one line naming its key; log warnings."""
     check_output_dir(cfg.trainer.output_dir, log)
+    check_device(cfg.trainer.device)
     check_model_path(cfg.model.path)
     files = check_data_files(cfg.data)
     check_prompt_fit(cfg, files, log)
     check_rewards(cfg.reward, files)
+
+
+def check_device(device: str) -> None:
+    """`trainer.device=cuda` needs a CUDA build of torch that sees a GPU."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a build without CUDA")
+        raise ConfigError(f"trainer.device=cuda but torch sees no CUDA device ({build}): "
+                          "set trainer.device=cpu, or run where a GPU and a CUDA build of torch are")
 
 
 def check_output_dir(output_dir: str, log: Log) -> None:

@@ -9,6 +9,7 @@ from collections import namedtuple
 from pathlib import Path
 
 import pytest
+import torch
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 from asyncrl import preflight as P
@@ -219,3 +220,9 @@ def test_cache_dir_matches_the_tiny_model_cache(monkeypatch: pytest.MonkeyPatch)
     assert cache_dir() == default_cache_dir() == Path("/some/cache")
     monkeypatch.delenv("ASYNCRL_CACHE")
     assert cache_dir() == default_cache_dir()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_cuda_without_a_gpu_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"^trainer.device=cuda but torch sees no CUDA device"):
+        P.preflight(load_config(None, ["trainer.device=cuda"]), print)
