@@ -17,6 +17,7 @@ from torch import nn
 from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
 from asyncrl.rollout.generic import ForwardChoice, StepCache, StepForward, build_forward
+from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.sampler import SamplingBatch, sample
 from asyncrl.rollout.scheduler import StepPlan, StepResult
 
@@ -71,12 +72,30 @@ class StepRunner:
             positions = torch.tensor(plan.decode_positions, dtype=torch.int64, device=self.device)
             parts.append(self.forward.decode(self.cache, tokens, positions))
         if lengths:
-            padded = torch.zeros(len(lengths), max(lengths), dtype=torch.int64)
-            for row, context in enumerate(plan.prefill_contexts):
-                padded[row, : len(context)] = torch.tensor(context, dtype=torch.int64)
-            lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
-            parts.append(self.forward.prefill(self.cache, padded.to(self.device), lens, num_decode))
+            parts.append(self._prefill(plan.prefill_contexts, num_decode))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _prefill(self, contexts: tuple[tuple[int, ...], ...], first_slot: int) -> torch.Tensor:
+        """Prefill rows into slots first_slot.. ; identical contexts (a GRPO group's n samples
+        of one prompt) are computed once and their K/V copied: n x less prefill compute."""
+        unique: dict[tuple[int, ...], int] = {}
+        source = [unique.setdefault(c, len(unique)) for c in contexts]
+        shared = len(unique) < len(contexts) and isinstance(self.cache, SlotKVCache)
+        rows = list(unique) if shared else list(contexts)
+        lengths = [len(c) for c in rows]
+        padded = torch.zeros(len(rows), max(lengths), dtype=torch.int64)
+        for row, context in enumerate(rows):
+            padded[row, : len(context)] = torch.tensor(context, dtype=torch.int64)
+        lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
+        logits = self.forward.prefill(self.cache, padded.to(self.device), lens, first_slot)
+        if not shared:
+            return logits
+        assert isinstance(self.cache, SlotKVCache)
+        index = torch.tensor(source, device=self.device)
+        width = max(lengths)
+        for layer in (*self.cache.keys, *self.cache.values):  # unique rows sit at first_slot..
+            layer[first_slot : first_slot + len(source), :, :width] = layer[first_slot + index, :, :width]
+        return logits[index]
 
     def release_cache(self) -> None:
         with self.lock:

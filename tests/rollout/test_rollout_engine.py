@@ -291,3 +291,28 @@ def test_weights_checksum_follows_load_weights() -> None:
     assert eng.weights_checksum() != before
     assert eng.weights_checksum() == engine(other).weights_checksum()
     eng.close()
+
+
+@pytest.mark.parametrize("arch", ENGINE_ARCHS)
+def test_a_groups_shared_prompt_is_prefilled_once_with_the_same_outputs(arch: str) -> None:
+    """n samples of one prompt admitted in one step share its prefill (the fast path computes
+    it once and copies the K/V); each sample's tokens and log-probs are those it gets alone."""
+    model = tiny_model(arch)
+    shared, other = prompt(7, seed=3), prompt(5, seed=4)
+    reqs = [request(f"s{i}", shared, 9, temperature=1.0, seed=100 + i) for i in range(4)]
+    reqs.insert(2, request("o", other, 9, temperature=1.0, seed=7))
+    alone = [run_sync(engine(model), [r])[0] for r in reqs]
+    eng = engine(model)
+    calls: list[int] = []
+    prefill = eng._runner.forward.prefill
+
+    def counted(cache, token_ids, lengths, first_slot):  # type: ignore[no-untyped-def]
+        calls.append(token_ids.shape[0])
+        return prefill(cache, token_ids, lengths, first_slot)
+
+    eng._runner.forward.prefill = counted  # type: ignore[method-assign]
+    together = run_sync(eng, reqs)
+    assert_same(together, alone)
+    assert len({tuple(o.response_ids) for o in together}) > 2  # the samples differ from each other
+    assert calls[0] == (2 if arch != "gemma2" else 5)  # gemma2's per-row cache: no sharing
+    eng.close()
