@@ -40,7 +40,7 @@ class StepCache(Protocol):
     """What the step runner does with a forward's cache between steps."""
 
     def reserve(self, num_slots: int, length: int) -> None: ...
-    def move(self, src: int, dst: int, length: int) -> None: ...
+    def apply_moves(self, moves: Sequence[tuple[int, int, int]]) -> None: ...
     def release(self) -> None: ...
     @property
     def allocated_tokens(self) -> int: ...
@@ -80,12 +80,12 @@ class SlotCacheObjects:
         self.entries += [None] * grow
         self.lengths += [0] * grow
 
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Compaction; a no-op on slots the cache no longer holds (released while idle)."""
-        if src == dst or src >= len(self.entries):
-            return
-        self.entries[dst], self.lengths[dst] = self.entries[src], self.lengths[src]
-        self.entries[src], self.lengths[src] = None, 0
+    def apply_moves(self, moves: Sequence[tuple[int, int, int]]) -> None:
+        """Compaction, in order; a no-op on slots the cache no longer holds (released while idle)."""
+        for src, dst, _ in moves:
+            if src != dst and src < len(self.entries):
+                self.entries[dst], self.lengths[dst] = self.entries[src], self.lengths[src]
+                self.entries[src], self.lengths[src] = None, 0
 
     def release(self) -> None:
         self.entries, self.lengths = [], []

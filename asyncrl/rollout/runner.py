@@ -53,8 +53,7 @@ class StepRunner:
 
     def run(self, plan: StepPlan) -> StepResult:
         with self.lock, torch.inference_mode():
-            for src, dst, length in plan.moves:
-                self.cache.move(src, dst, length)
+            self.cache.apply_moves(plan.moves)
             logits = self._logits(plan)
             batch = SamplingBatch.build(list(plan.params), list(plan.generators), logits.device)
             tokens, logprobs = sample(logits, batch, self.generator)

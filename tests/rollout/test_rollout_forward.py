@@ -107,8 +107,18 @@ def test_cache_reserve_keeps_contents_and_move_compacts() -> None:
     cache.reserve(5, 9)  # grow both dimensions to powers of two
     assert (cache.slots, cache.capacity) == (8, 16)
     torch.testing.assert_close(cache.keys[1][1, :, :3].flatten(), torch.arange(6.0) + 1)
-    cache.move(src=1, dst=0, length=3)
+    cache.apply_moves([(1, 0, 3)])
     torch.testing.assert_close(cache.keys[0][0, :, :3].flatten(), torch.arange(6.0))
     cache.reserve(1, 3)  # need fell below a quarter: shrink, keeping slot 0
     assert (cache.slots, cache.capacity) == (1, 4)
     torch.testing.assert_close(cache.keys[0][0, :, :3].flatten(), torch.arange(6.0))
+
+
+def test_cache_moves_compose_like_one_at_a_time() -> None:
+    cache = SlotKVCache(1, 1, 1, max_slots=8, dtype=torch.float32, device="cpu", min_capacity=4)
+    cache.reserve(5, 2)
+    for slot in range(5):
+        cache.keys[0][slot] = float(slot)
+    # sweep of slots 1 and 4 (4 last, so 4 -> 1, then 1 -> ... ) and a chain 3 -> 0, 0 -> 2
+    cache.apply_moves([(4, 1, 2), (3, 0, 2), (0, 2, 2), (2, 2, 2)])
+    assert cache.keys[0][:5, 0, :2, 0].tolist() == [[3, 3], [4, 4], [3, 3], [3, 3], [4, 4]]
