@@ -138,7 +138,7 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     """KL estimator for the loss: k1 | k2 | k3 | low_var_kl | abs | k3+."""
     old_log_probs: str = "auto"
-    """Colocated: PPO's old log-probs. recompute (a forward pass before the update, as verl) | rollout (the engine's behaviour log-probs) | auto (see docs/training.md)."""
+    """Colocated: PPO's old log-probs: recompute (a pass before the update) | rollout (the engine's) | auto."""
     off_policy_correction: str = "none"
     """Decoupled PPO importance weights behaviour->proximal: none | token | sequence."""
     is_cap: float = 2.0

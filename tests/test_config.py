@@ -7,7 +7,14 @@ import yaml
 
 from asyncrl import config as C
 from asyncrl.algorithms import ADV_ESTIMATOR_NAMES, LOSS_AGG_MODES, POLICY_LOSS_NAMES
-from asyncrl.config import check_pipeline_keys, config_from_dict, dump_config, field_docs, load_config, old_log_prob_source
+from asyncrl.config import (
+    check_pipeline_keys,
+    config_from_dict,
+    dump_config,
+    field_docs,
+    load_config,
+    old_log_prob_source,
+)
 from asyncrl.config_schema import Config
 from asyncrl.data import TASKS
 from asyncrl.errors import ConfigError

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol, cast
 
 import torch
