@@ -1,9 +1,10 @@
 """The actor and reference workers: a causal LM, its optimizer, log-probs and PPO updates.
 
 `Actor.train_step(batch, num_mini_batches)` runs `ppo_epochs` x mini-batches x token-budget
-micro-batches, scaling each micro-batch's loss so the accumulated gradient equals the
-mini-batch's aggregate (exact for every `loss_agg_mode`). Losses come from the pure
-`asyncrl.algorithms`; this module owns state (model, optimizer, schedule), not math.
+micro-batches (length-sorted and trimmed of padding, see `asyncrl.training.batch`), scaling each
+micro-batch's loss so the accumulated gradient equals the mini-batch's aggregate (exact for
+every `loss_agg_mode`). Losses come from the pure `asyncrl.algorithms`; this module owns state
+(model, optimizer, schedule), not math.
 
 The stream trainer's mode, "gradients now, step later": `accumulate(chunk)` backpropagates the
 chunk's loss *sum* (every agg mode's numerator: the aggregate with denominators of 1), and
@@ -37,7 +38,7 @@ from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logit
 from asyncrl.algorithms.policy_loss import _FORCED_AGG_MODE, compute_policy_loss
 from asyncrl.config_schema import ActorConfig
 from asyncrl.sync.tensors import export_named
-from asyncrl.training.batch import TrainBatch, mean_over_mini_batches, micro_batches
+from asyncrl.training.batch import TrainBatch, map_micro_batches, mean_over_mini_batches, micro_batches
 from asyncrl.training.lora import is_lora, load_lora, merged_named, save_lora
 from asyncrl.training.optim import LRSchedule, make_optimizer, resolve_warmup, seed_state, set_seed_state
 
@@ -89,6 +90,11 @@ def response_logits(model: nn.Module, batch: TrainBatch) -> torch.Tensor:
     return out.logits[:, P - 1 : P - 1 + T]
 
 
+def response_log_probs(model: nn.Module, batch: TrainBatch, temperature: float) -> torch.Tensor:
+    """Log-probs of the response tokens. # (B, T)"""
+    return logprobs_from_logits(response_logits(model, batch), batch.responses, temperature)
+
+
 class RefWorker:
     """A frozen policy: per-token log-probs only (for KL terms)."""
 
@@ -99,9 +105,10 @@ class RefWorker:
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
-        parts = [logprobs_from_logits(response_logits(self.model, mb), mb.responses, self.temperature)
-                 for mb in micro_batches(batch, self.micro_batch_tokens)]
-        return torch.cat(parts) * batch.response_mask
+        return map_micro_batches(batch, self.micro_batch_tokens, self._log_probs) * batch.response_mask
+
+    def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
+        return response_log_probs(self.model, mb, self.temperature)
 
 
 def actor_schedule(cfg: ActorConfig, total_steps: int) -> LRSchedule:
@@ -136,9 +143,10 @@ class Actor:
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
-        parts = [logprobs_from_logits(response_logits(self.model, mb), mb.responses, self.temperature)
-                 for mb in micro_batches(batch, self.cfg.ppo_micro_batch_tokens)]
-        return torch.cat(parts) * batch.response_mask
+        return map_micro_batches(batch, self.cfg.ppo_micro_batch_tokens, self._log_probs) * batch.response_mask
+
+    def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
+        return response_log_probs(self.model, mb, self.temperature)
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         """PPO epochs over mini-batches; one optimizer step per mini-batch."""
@@ -198,9 +206,10 @@ class Actor:
         ones weighted by micro-batch rows / `rows`."""
         self.model.train()
         metrics: dict[str, float] = defaultdict(float)
-        for mb in micro_batches(batch, self.cfg.ppo_micro_batch_tokens):
+        for _, mb in micro_batches(batch, self.cfg.ppo_micro_batch_tokens):
             # Each micro-batch loss is its share of the aggregate over `counts` (global counts), so
-            # the summed gradients equal one pass over the whole batch for every agg mode.
+            # the summed gradients equal one pass over the whole batch for every agg mode, whatever
+            # the rows' grouping and order (micro-batches are length-sorted and trimmed).
             loss, mb_metrics = self._micro_batch_loss(mb, counts)
             loss.backward()
             for k, v in mb_metrics.items():

@@ -3,6 +3,8 @@
 Layout (verl's): prompts left-padded to P, responses right-padded to T, so every response
 token sits at the same column and `logits[:, P-1 : P-1+T]` predict the response. Per-token
 tensors over the response are (B, T); `response_mask` marks real tokens.
+Micro-batches are length-aware: rows sorted by length, grouped to keep padding low, and each
+group cut to the columns its own rows use (`plan_micro_batches`, `trim`).
 This module does not compute anything RL-specific; it only arranges data.
 """
 
@@ -108,9 +110,93 @@ def mean_over_mini_batches(batch: TrainBatch, epochs: int, num_mini_batches: int
     return {k: v / max(n, 1) for k, v in sums.items()}
 
 
-def micro_batches(batch: TrainBatch, token_budget: int) -> Iterator[TrainBatch]:
-    """Consecutive rows whose padded length x count stays within the token budget."""
-    width = batch.input_ids.shape[1]
-    per = max(1, token_budget // width)
-    for start in range(0, batch.size, per):
-        yield batch.select(range(start, min(start + per, batch.size)))
+_FULL_WIDTH = ("input_ids", "attention_mask", "position_ids")  # (B, P+T); the rest are (B, T)
+
+
+def row_spans(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Columns each row needs, (prompt_B, response_B): from its first attended prompt column to
+    column P, and up to its last attended or masked-in response column (each at least 1).
+
+    Example: P = 3, T = 4, attention row [0, 1, 1 | 1, 1, 0, 0] -> prompt 2, response 2."""
+    P, T = batch.prompt_width, batch.responses.shape[1]
+    prompt_used = batch.attention_mask[:, :P] != 0  # (B, P)
+    response_used = (batch.attention_mask[:, P:] != 0) | (batch.response_mask != 0)  # (B, T)
+    prompt_B = (prompt_used * torch.arange(P, 0, -1)).amax(-1)  # P - first used column
+    response_B = (response_used * torch.arange(1, T + 1)).amax(-1)  # last used column + 1
+    return prompt_B.clamp_min(1), response_B.clamp_min(1)
+
+
+def trim(batch: TrainBatch, prompt_len: int, response_len: int) -> TrainBatch:
+    """The batch cut to its last `prompt_len` prompt and first `response_len` response columns
+    (views; response-aligned tensors, extras included, cut to the same response width)."""
+    P = batch.prompt_width
+    out: dict[str, Any] = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if f.name in _FULL_WIDTH:
+            out[f.name] = value[:, P - prompt_len : P + response_len]
+        elif isinstance(value, torch.Tensor):
+            out[f.name] = value[:, :response_len]
+        elif f.name == "extras":
+            out[f.name] = {k: v[:, :response_len] for k, v in value.items()}
+    return replace(batch, prompt_width=prompt_len, **out)
+
+
+# Fixed cost of one micro-batch, in padded tokens: the tiny model's actor forward+backward
+# (`Actor._micro_batch_loss` + `backward`, 2 threads on the 2-core dev CPU) timed at 4..256 rows x
+# widths 20..80, medians of 8, fitted as time = a x tokens + b: a = 45-49 us/token, b = 6-9 ms,
+# so b / a = 127-192 tokens over two runs.
+MICRO_BATCH_OVERHEAD_TOKENS = 160
+
+
+def plan_micro_batches(prompt_B: Sequence[int], response_B: Sequence[int], token_budget: int,
+                       overhead: int = MICRO_BATCH_OVERHEAD_TOKENS) -> list[list[int]]:
+    """Row groups, each to be one micro-batch padded to its own widths (longest prompt +
+    longest response among its rows).
+
+    Split rule: sort rows by real length (prompt + response), then cut the sorted list into
+    consecutive runs minimising sum(rows x own width) + `overhead` per run, each run within
+    `token_budget` padded tokens (a single row over it runs alone). A DP over cut points.
+    Example: lengths 20, 20, 20, 100 (prompt 16), budget 1000, overhead 50: together 4 x 100 +
+    50 = 450; split [3 x 20 + 50] + [100 + 50] = 260, so two micro-batches."""
+    n = len(prompt_B)
+    order = sorted(range(n), key=lambda i: (prompt_B[i] + response_B[i], response_B[i]))
+    best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of the first j sorted rows
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        prompt = response = 0
+        for i in range(j - 1, -1, -1):  # the last run is order[i:j]
+            prompt, response = max(prompt, prompt_B[order[i]]), max(response, response_B[order[i]])
+            tokens = (j - i) * (prompt + response)
+            if tokens > token_budget and i < j - 1:
+                break  # widening the run only adds tokens
+            if best[i] + tokens + overhead < best[j]:
+                best[j], cut[j] = best[i] + tokens + overhead, i
+    runs, j = [], n
+    while j > 0:
+        runs.append(order[cut[j] : j])
+        j = cut[j]
+    return runs[::-1]
+
+
+def micro_batches(batch: TrainBatch, token_budget: int) -> Iterator[tuple[list[int], TrainBatch]]:
+    """(rows, micro-batch) pairs: rows as `plan_micro_batches` groups them, each micro-batch
+    trimmed to the columns its rows need. Rows come out reordered; see `map_micro_batches`."""
+    prompt_B, response_B = (x.tolist() for x in row_spans(batch))
+    for rows in plan_micro_batches(prompt_B, response_B, token_budget):
+        mb = batch.select(rows)
+        yield rows, trim(mb, max(prompt_B[r] for r in rows), max(response_B[r] for r in rows))
+
+
+def map_micro_batches(batch: TrainBatch, token_budget: int,
+                      fn: Callable[[TrainBatch], torch.Tensor]) -> torch.Tensor:
+    """`fn`'s (rows, width) result on each micro-batch, back in the batch's row order and padded
+    with zeros to the batch's response width T. # (B, T)"""
+    out: torch.Tensor | None = None
+    for rows, mb in micro_batches(batch, token_budget):
+        part = fn(mb)
+        if out is None:
+            out = part.new_zeros((batch.size, batch.responses.shape[1]))
+        out[rows, : part.shape[1]] = part
+    assert out is not None, "an empty batch has no micro-batches"
+    return out

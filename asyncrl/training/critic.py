@@ -16,7 +16,7 @@ from torch import nn
 
 from asyncrl.algorithms.value_loss import compute_value_loss
 from asyncrl.config_schema import CriticConfig
-from asyncrl.training.batch import TrainBatch, mean_over_mini_batches, micro_batches
+from asyncrl.training.batch import TrainBatch, map_micro_batches, mean_over_mini_batches, micro_batches
 from asyncrl.training.optim import LRSchedule, make_optimizer
 
 if TYPE_CHECKING:
@@ -51,8 +51,7 @@ class Critic:
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
-        parts = [self.model(mb) for mb in micro_batches(batch, self.micro_batch_tokens)]
-        return torch.cat(parts) * batch.response_mask
+        return map_micro_batches(batch, self.micro_batch_tokens, self.model) * batch.response_mask
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         assert batch.values is not None and batch.returns is not None
@@ -63,7 +62,7 @@ class Critic:
         self.optimizer.zero_grad(set_to_none=True)
         total = float(mini.response_mask.sum())
         metrics: dict[str, float] = defaultdict(float)
-        for mb in micro_batches(mini, self.micro_batch_tokens):
+        for _, mb in micro_batches(mini, self.micro_batch_tokens):
             weight = float(mb.response_mask.sum()) / max(total, 1.0)
             assert mb.values is not None and mb.returns is not None
             loss, m = compute_value_loss(self.model(mb), mb.values, mb.returns, mb.response_mask,

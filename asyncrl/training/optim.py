@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 SCHEDULES = ("constant", "cosine")
 
@@ -65,12 +66,23 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tupl
     """AdamW over the trainable parameters only (LoRA: the adapters), with `schedule` stepped
     once per optimizer step."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=betas)
+    opt = adamw(trainable, lr=lr, weight_decay=weight_decay, betas=betas)
 
     def factor(step: int) -> float:  # a plain function: LambdaLR's state_dict then omits it
         return lr_factor(step, schedule)
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def adamw(params: list[nn.Parameter], **kwargs: Any) -> torch.optim.AdamW:
+    """AdamW's fused kernel where torch has one for the parameters' device (CPU since torch 2.4),
+    else the foreach one; same math and state-dict format either way. `load_state_dict` brings
+    back the saved group's flags, so an optimizer restored from an older (for-loop) checkpoint
+    steps the same, only slower."""
+    # AdamW checks the device only at the first step; this is the list it checks against.
+    fused = all(p.device.type in _get_fused_kernels_supported_devices() and p.is_floating_point()
+                for p in params)
+    return torch.optim.AdamW(params, fused=fused, foreach=not fused, **kwargs)
 
 
 def seed_everything(seed: int) -> None:

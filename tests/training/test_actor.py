@@ -1,5 +1,5 @@
-"""Actor: log-probs equal a plain transformers forward; micro-batching does not change the
-gradient; a PPO step on positive-advantage samples raises their probability."""
+"""Actor: log-probs equal a plain transformers forward; micro-batching (length-sorted, trimmed)
+does not change the gradient; a PPO step on positive-advantage samples raises their probability."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from asyncrl.algorithms import compute_advantage
 from asyncrl.config_schema import ActorConfig
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.batch import build_batch
-from tests.training.helpers import make_groups, tiny_lm
+from tests.training.helpers import make_groups, make_ragged_groups, tiny_lm
 
 
 def plain_log_probs(model, groups, temperature):
@@ -46,18 +46,56 @@ def prepared_batch(model, groups, actor):
     return batch
 
 
+def update_with_budget(groups, budget, mode, policy_loss="vanilla"):
+    """Gradients, metrics and the micro-batch shapes of one train step at token budget `budget`."""
+    model = tiny_lm()
+    cfg = ActorConfig(ppo_micro_batch_tokens=budget, loss_agg_mode=mode, lr=1e-2, grad_clip=1e9,
+                      policy_loss=policy_loss, entropy_coeff=0.01)
+    actor = Actor(model, cfg, temperature=1.0, norm_length=4)
+    batch = prepared_batch(model, groups, actor)
+    batch.old_log_probs = batch.old_log_probs - 0.05 * batch.response_mask  # ratios != 1: clipping matters
+    shapes, loss_of = [], actor._micro_batch_loss
+
+    def recording_loss(mb, counts):
+        shapes.append(tuple(mb.input_ids.shape))
+        return loss_of(mb, counts)
+
+    actor._micro_batch_loss = recording_loss
+    metrics = actor.train_step(batch, num_mini_batches=1)
+    return torch.cat([p.grad.flatten() for p in model.parameters()]), metrics, shapes, batch
+
+
+@pytest.mark.parametrize("ragged", [False, True])
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_micro_batching_gives_the_same_update(mode):
-    groups = make_groups(2, 4)
-    results = []
-    for budget in (10_000, 8):  # one micro-batch vs one row per micro-batch
-        model = tiny_lm()
-        cfg = ActorConfig(ppo_micro_batch_tokens=budget, loss_agg_mode=mode, lr=1e-2, grad_clip=1e9)
-        actor = Actor(model, cfg, temperature=1.0, norm_length=4)
-        metrics = actor.train_step(prepared_batch(model, groups, actor), num_mini_batches=1)
-        results.append((torch.cat([p.grad.flatten() for p in model.parameters()]), metrics))
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-7)
-    assert results[0][1]["actor/pg_loss"] == pytest.approx(results[1][1]["actor/pg_loss"], rel=1e-4, abs=1e-7)
+def test_micro_batching_gives_the_same_update(mode, ragged):
+    """One micro-batch vs length-sorted, trimmed ones (ragged: prompts of 2-7 and responses of
+    1-14 tokens, so micro-batches drop columns on both sides and rows run out of order)."""
+    groups = make_ragged_groups() if ragged else make_groups(2, 4)
+    whole, whole_metrics, whole_shapes, batch = update_with_budget(groups, 10_000, mode)
+    split, split_metrics, split_shapes, _ = update_with_budget(groups, 30 if ragged else 8, mode)
+    assert whole_shapes == [tuple(batch.input_ids.shape)] and len(split_shapes) > 2
+    torch.testing.assert_close(whole, split, rtol=1e-4, atol=1e-7)
+    for key in ("actor/pg_loss", "actor/entropy"):
+        assert whole_metrics[key] == pytest.approx(split_metrics[key], rel=1e-4, abs=1e-7)
+
+
+def test_trimmed_micro_batches_are_narrower_than_the_batch():
+    groups = make_ragged_groups()
+    _, _, shapes, batch = update_with_budget(groups, 30, "token-mean")
+    width = batch.input_ids.shape[1]  # 7 + 14
+    assert sum(rows for rows, _ in shapes) == batch.size
+    assert all(rows * w <= 30 or rows == 1 for rows, w in shapes)
+    assert min(w for _, w in shapes) <= 4 < width  # prompt 2 + response 1-2
+    assert sum(rows * w for rows, w in shapes) < batch.input_ids.numel() / 2
+
+
+def test_log_probs_of_ragged_micro_batches_come_back_in_row_order():
+    model, groups = tiny_lm(), make_ragged_groups()
+    batch = build_batch(groups, pad_id=0)
+    got = Actor(model, ActorConfig(ppo_micro_batch_tokens=30), temperature=1.0, norm_length=4).compute_log_probs(batch)
+    for i, w in enumerate(plain_log_probs(model, groups, 1.0)):
+        torch.testing.assert_close(got[i, : len(w)], w, rtol=1e-5, atol=1e-5)
+        assert got[i, len(w):].abs().sum() == 0
 
 
 def test_update_raises_probability_of_rewarded_responses():

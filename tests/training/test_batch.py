@@ -1,11 +1,20 @@
-"""Batch layout: left-padded prompts, right-padded responses, rewards on the last token."""
+"""Batch layout: left-padded prompts, right-padded responses, rewards on the last token; length-
+sorted micro-batches trimmed to the columns their rows use."""
 
 from __future__ import annotations
 
 import torch
 
-from asyncrl.training.batch import build_batch, micro_batches, split_rows
-from tests.training.helpers import make_groups
+from asyncrl.training.batch import (
+    build_batch,
+    map_micro_batches,
+    micro_batches,
+    plan_micro_batches,
+    row_spans,
+    split_rows,
+    trim,
+)
+from tests.training.helpers import make_groups, make_ragged_groups
 
 
 def test_layout_places_every_token():
@@ -23,13 +32,55 @@ def test_layout_places_every_token():
     assert batch.index == [g.uid for g in groups for _ in g.trajectories]
 
 
-def test_select_and_micro_batches_cover_all_rows():
+def test_split_rows_and_select():
     batch = build_batch(make_groups(3, 4), pad_id=0)
     rows = [r for part in split_rows(batch.size, 3) for r in part]
     assert rows == list(range(batch.size))
-    width = batch.input_ids.shape[1]
-    parts = list(micro_batches(batch, token_budget=width * 5))
-    assert [p.size for p in parts] == [5, 5, 2]
-    assert torch.equal(torch.cat([p.responses for p in parts]), batch.responses)
     sub = batch.select([1, 3])
     assert sub.index == [batch.index[1], batch.index[3]]
+
+
+def test_plan_sorts_by_length_and_splits_where_padding_costs_more_than_a_micro_batch():
+    # Docstring example, rows given longest first: together 4 x 100 + 50 = 450 > 3 x 20 + 50 + 100 + 50.
+    prompts, responses = [16] * 4, [84, 4, 4, 4]
+    assert plan_micro_batches(prompts, responses, 1000, overhead=50) == [[1, 2, 3], [0]]
+    assert plan_micro_batches(prompts, responses, 1000, overhead=300) == [[1, 2, 3, 0]]  # 700 > 400 + 300
+    # Budget 40: at most two rows of 20; a row of 100 runs alone. [1, 2] + [3] pads less than [1] + [2, 3].
+    assert plan_micro_batches(prompts, [84, 4, 4, 5], 40, overhead=50) == [[1, 2], [3], [0]]
+    # Width is the longest prompt plus the longest response: 2 x (17 + 4) = 42 > 40.
+    assert plan_micro_batches([17, 16], [3, 4], 40, overhead=0) == [[0], [1]]
+
+
+def test_row_spans_and_trim_keep_every_token_and_drop_padding_columns():
+    batch = build_batch(make_ragged_groups(), pad_id=0)
+    P, T = batch.prompt_width, batch.responses.shape[1]
+    prompt_B, response_B = row_spans(batch)
+    assert prompt_B.tolist() == [2] * 4 + [4] * 4 + [7] * 4
+    assert response_B.tolist() == [1, 2, 11, 3, 2, 1, 14, 2, 5, 1, 3, 2]
+    rows = [0, 1, 5]  # prompt 2 or 4, responses of 1-2 tokens
+    mb = trim(batch.select(rows), prompt_len=4, response_len=2)
+    assert mb.input_ids.shape == (3, 6) and mb.prompt_width == 4
+    assert torch.equal(mb.input_ids, batch.input_ids[rows, P - 4 : P + 2])
+    assert torch.equal(mb.position_ids, batch.position_ids[rows, P - 4 : P + 2])
+    assert batch.attention_mask[rows].sum() == mb.attention_mask.sum()  # no real token dropped
+    for name in ("responses", "response_mask", "rollout_log_probs", "token_level_scores", "versions"):
+        assert torch.equal(getattr(mb, name), getattr(batch, name)[rows, :2]), name
+    batch.extras["weights"] = torch.arange(batch.size * T).reshape(batch.size, T)
+    assert trim(batch, 7, 3).extras["weights"].shape == (batch.size, 3)
+
+
+def test_micro_batches_cover_rows_once_within_budget_and_map_back_in_order():
+    batch = build_batch(make_ragged_groups(), pad_id=0)
+    parts = list(micro_batches(batch, token_budget=30))
+    assert sorted(r for rows, _ in parts for r in rows) == list(range(batch.size))
+    for rows, mb in parts:
+        assert mb.size == len(rows) and (len(rows) == 1 or mb.input_ids.numel() <= 30)
+        assert mb.index == [batch.index[r] for r in rows]
+        assert mb.response_mask.sum() == batch.response_mask[rows].sum()
+    assert min(mb.input_ids.shape[1] for _, mb in parts) < batch.input_ids.shape[1]
+    assert [r for rows, _ in parts for r in rows] != list(range(batch.size))  # reordered
+    back = map_micro_batches(batch, 30, lambda mb: (mb.responses + 1).float())
+    want = (batch.responses + 1).float()
+    for i, (_, span) in enumerate(zip(*row_spans(batch), strict=True)):
+        assert torch.equal(back[i, :span], want[i, :span])
+    assert torch.equal(map_micro_batches(batch, 30, lambda mb: mb.response_mask), batch.response_mask)
