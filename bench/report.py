@@ -9,6 +9,7 @@ A part that has not been run yet is listed as such.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +74,19 @@ def sim_section(sim: Any) -> list[str]:
             "", *out, "", "![sim vs measured](img/sim_vs_measured.png)"]
 
 
-def peer_section(trl: Any, ours: Any) -> list[str]:
-    if not trl or not ours:
+def peer_section(vs: Any) -> list[str]:
+    if not vs:
         return ["_not run yet: `./run.sh bench --only peer`_"]
-    return ["| framework | s/step | completions/s | steps timed |", "|---|---|---|---|",
-            f"| {trl['framework']} | {trl['s_per_step']:.2f} | {trl['completions_per_s']:.0f} | {trl['timed_steps']} |",
-            f"| asyncrl colocated | {ours['s_per_step']:.2f} | {ours['completions_per_s']:.0f} | {ours['steps']} |",
-            "", f"Commands: `python bench/trl_peer.py` and `{ours['command']}` (first step excluded in both).",
-            "asyncrl phases per step: " + ", ".join(f"{k} {v:.2f} s" for k, v in ours["phases"].items()) + "."]
+    out = ["| workload | TRL s/step | asyncrl s/step | TRL completions/s | asyncrl completions/s "
+           "| speed-up (median, range over pairs) | asyncrl gen / update s |", "|---|---|---|---|---|---|---|"]
+    for name, r in vs["results"].items():
+        phases = [statistics.median(x["phases"][k] for x in r["asyncrl"]) for k in ("gen", "update_actor")]
+        out.append(f"| {name} | {r['trl_s_per_step']:.2f} | {r['asyncrl_s_per_step']:.2f} "
+                   f"| {r['trl_completions_per_s']:.0f} | {r['asyncrl_completions_per_s']:.0f} "
+                   f"| {r['speedup_median']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) "
+                   f"| {phases[0]:.2f} / {phases[1]:.2f} |")
+    return out + ["", f"Command: `python bench/vs_trl.py --pairs {vs['pairs']}` ({vs['pairs']} pairs per workload, "
+                  "runs alternating, the order flipped every pair; medians; the first step of each run excluded)."]
 
 
 def engine_section(engine: Any, sync: Any) -> list[str]:
@@ -319,7 +325,7 @@ def main() -> None:
         *pipelines_section(load("pipelines"), sim), "",
         "## The simulator's predictions for those runs", "", *sim_section(sim), "",
         "## Peer: TRL GRPOTrainer on the same model, task, group size and lengths (CPU)", "",
-        *peer_section(load("trl_peer"), load("ours_vs_trl")), "",
+        *peer_section(load("vs_trl")), "",
         "## Engine vs HF generate; weight sync vs the memory-copy bound", "",
         *engine_section(load("engine"), load("weight_sync")), "",
         "## Simulator calibration: SPEC §6 colocated rows (Qwen2.5-Math-7B, H20, DAPO, n=16, 512 prompts)", "",

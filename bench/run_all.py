@@ -41,9 +41,6 @@ RESULTS = ROOT / "bench/results"
 PY = sys.executable
 PLAN_YAML = "examples/dapo_qwen7b_h20.yaml"  # SPEC §6's DAPO workload, 128 GPUs colocated
 SPLIT = ["rollout.nnodes=8", "rollout.n_gpus_per_node=8", "trainer.nnodes=8"]  # 64 rollout + 64 trainer
-OURS_VS_TRL = ["trainer.total_training_steps=8", "trainer.test_freq=0", "trainer.val_before_train=false",
-               "trainer.logger=[jsonl]", "num_threads=2"]
-
 
 def sh(*args: str) -> None:
     print("+", " ".join(args), flush=True)
@@ -59,18 +56,7 @@ def part_sim() -> None:
 
 
 def part_peer() -> None:
-    sh(PY, "bench/trl_peer.py", "--out", str(RESULTS / "trl_peer.json"))
-    with tempfile.TemporaryDirectory() as tmp:
-        sh(PY, "-m", "asyncrl.cli", "train", f"trainer.output_dir={tmp}", *OURS_VS_TRL)
-        steps = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
-        steps = [s for s in steps if "timing_s/step" in s][1:]  # the first step warms up, as for TRL
-    s_per_step = sum(s["timing_s/step"] for s in steps) / len(steps)
-    completions = sum(s["training/responses"] for s in steps) / len(steps)
-    phases = {k.split("/")[1]: sum(s.get(k, 0.0) for s in steps) / len(steps)
-              for k in ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/update_actor")}
-    (RESULTS / "ours_vs_trl.json").write_text(json.dumps({
-        "command": "asyncrl train " + " ".join(OURS_VS_TRL), "s_per_step": s_per_step,
-        "completions_per_s": completions / s_per_step, "phases": phases, "steps": len(steps)}, indent=1))
+    sh(PY, "bench/vs_trl.py", "--out", str(RESULTS / "vs_trl.json"))
 
 
 def part_engine() -> None:
