@@ -19,17 +19,26 @@ the cosine and a warm-up ratio need. A LoRA model (`asyncrl.training.lora`) trai
 only; `named_weights` then gives the merged weights under the base names, and checkpoints hold
 both the merged model and the adapters.
 
-It does not know about pipelines, engines or processes.
+Inside a torch.distributed process group of more than one rank the actor trains data-parallel
+with FSDP2 (`asyncrl.training.fsdp`): every rank holds the whole batch and runs its rows of each
+micro-batch, gradients are summed across ranks, and the update equals the single-process one up
+to float rounding. `named_weights`, `compute_log_probs`, `save` and `load` are then collective:
+every rank calls them. LoRA is not supported sharded.
+
+It does not know about pipelines or engines, and starts no processes.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from asyncrl.algorithms.agg import agg_loss
@@ -38,6 +47,7 @@ from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logit
 from asyncrl.algorithms.policy_loss import _FORCED_AGG_MODE, compute_policy_loss
 from asyncrl.config_schema import ActorConfig
 from asyncrl.sync.tensors import export_named
+from asyncrl.training import fsdp
 from asyncrl.training.batch import TrainBatch, map_micro_batches, mean_over_mini_batches, micro_batches
 from asyncrl.training.lora import is_lora, load_lora, merged_named, save_lora
 from asyncrl.training.optim import LRSchedule, make_optimizer, resolve_warmup, seed_state, set_seed_state
@@ -125,6 +135,11 @@ class Actor:
 
     def __init__(self, model: PreTrainedModel | PeftModel, cfg: ActorConfig, *, temperature: float,
                  norm_length: int, total_steps: int = 0) -> None:
+        self.sharded = fsdp.is_sharded()
+        if self.sharded:
+            assert not is_lora(model), \
+                "LoRA with FSDP (a process group of several ranks) is not supported: set model.lora_rank=0"
+            fsdp.shard(model)
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
@@ -137,13 +152,16 @@ class Actor:
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """What the rollout engines load: every parameter under the base model's names (LoRA
-        merged), detached; tensors not merged are not copied."""
+        merged), detached; tensors not merged are not copied. Sharded: full copies (collective)."""
+        if self.sharded:
+            return fsdp.full_tensors(self.model)
         return merged_named(self.model) if is_lora(self.model) else export_named(self.model)
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
-        return map_micro_batches(batch, self.cfg.ppo_micro_batch_tokens, self._log_probs) * batch.response_mask
+        map_rows = fsdp.map_rank_micro_batches if self.sharded else map_micro_batches
+        return map_rows(batch, self.cfg.ppo_micro_batch_tokens, self._log_probs) * batch.response_mask
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
         return response_log_probs(self.model, mb, self.temperature)
@@ -203,28 +221,42 @@ class Actor:
 
     def _backward(self, batch: TrainBatch, counts: dict[str, float], rows: int) -> dict[str, float]:
         """Backward of each micro-batch's loss over `counts`: loss-like metrics summed, ratio-like
-        ones weighted by micro-batch rows / `rows`."""
+        ones (token means) weighted by micro-batch rows / `rows`; sharded: each rank's part by its
+        share of the micro-batch's tokens, then summed over the ranks."""
         self.model.train()
         metrics: dict[str, float] = defaultdict(float)
-        for _, mb in micro_batches(batch, self.cfg.ppo_micro_batch_tokens):
+        for mb_rows, mb, mean_rows in self._micro_batches(batch):
             # Each micro-batch loss is its share of the aggregate over `counts` (global counts), so
             # the summed gradients equal one pass over the whole batch for every agg mode, whatever
-            # the rows' grouping and order (micro-batches are length-sorted and trimmed).
+            # the rows' grouping, order and rank (micro-batches are length-sorted and trimmed).
             loss, mb_metrics = self._micro_batch_loss(mb, counts)
-            loss.backward()
+            # No rows: a sharded rank's stand-in row, run for the collectives and counted as nothing.
+            (loss if mb_rows else loss * 0.0).backward()
             for k, v in mb_metrics.items():
-                metrics[k] += v * (mb.size / rows if k in _AVERAGED else 1.0)
-        return metrics
+                metrics[k] += v * (mean_rows / rows if k in _AVERAGED else float(bool(mb_rows)))
+        return fsdp.all_reduce_sum(metrics, self._device()) if self.sharded else metrics
+
+    def _micro_batches(self, batch: TrainBatch) -> Iterator[tuple[list[int], TrainBatch, float]]:
+        """(rows, micro-batch, weight of its token means in rows); sharded: this rank's part of
+        each (`fsdp.rank_micro_batches`)."""
+        budget = self.cfg.ppo_micro_batch_tokens
+        if self.sharded:
+            return fsdp.rank_micro_batches(batch, budget)
+        return ((rows, mb, float(len(rows))) for rows, mb in micro_batches(batch, budget))
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     def _clip_and_step(self) -> float:
         """Clip, step the optimizer (skipped on a non-finite norm) and the schedule; the norm.
         `actor/lr` reports the rate this (last) step used, as verl logs it."""
-        grad_norm = nn.utils.clip_grad_norm_(self._trainable(), self.cfg.grad_clip)
+        # sharded: the norm of the full gradient (a DTensor over the ranks' shards)
+        grad_norm = fsdp.full_norm(nn.utils.clip_grad_norm_(self._trainable(), self.cfg.grad_clip))
         self._last_lr = float(self.scheduler.get_last_lr()[0])
-        if torch.isfinite(grad_norm):
+        if math.isfinite(grad_norm):
             self.optimizer.step()
         self.scheduler.step()
-        return float(grad_norm)
+        return grad_norm
 
     def _micro_batch_loss(self, mb: TrainBatch, counts: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
@@ -258,24 +290,36 @@ class Actor:
 
     def save(self, path: Path) -> None:
         """HF format (LoRA: merged, plus the adapters in `lora_adapter/`) and the optimizer,
-        schedule, version and RNG state in actor_state.pt."""
+        schedule, version and RNG state in actor_state.pt. Sharded: the same files, of the full
+        state, written by rank 0 (collective)."""
         path.mkdir(parents=True, exist_ok=True)
-        if is_lora(self.model):
-            save_lora(self.model, path)
-        else:
-            self.model.save_pretrained(str(path))
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "version": self.version, "rng": seed_state()}, path / "actor_state.pt")
+        model_sd, optim_sd = (fsdp.full_state_dicts(self.model, self.optimizer) if self.sharded
+                              else (None, self.optimizer.state_dict()))
+        if fsdp.world()[0] == 0:
+            if is_lora(self.model):
+                save_lora(self.model, path)
+            else:
+                self.model.save_pretrained(str(path), state_dict=model_sd)
+            torch.save({"optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
+                        "version": self.version, "rng": seed_state()}, path / "actor_state.pt")
+        if self.sharded:
+            dist.barrier()  # the files are complete before any rank reads them
 
     def load(self, path: Path) -> None:
+        """A checkpoint of `save`, single-process or sharded, into this actor (sharded: every rank
+        reads the files; collective)."""
         from safetensors.torch import load_file
 
-        if is_lora(self.model):
-            load_lora(self.model, path)  # the merged model.safetensors would add the adapters twice
-        else:
-            self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
         extra = torch.load(path / "actor_state.pt", weights_only=False)
-        self.optimizer.load_state_dict(extra["optimizer"])
+        if self.sharded:
+            fsdp.load_full_state_dicts(self.model, self.optimizer, load_file(str(path / "model.safetensors")),
+                                       extra["optimizer"])
+        else:
+            if is_lora(self.model):
+                load_lora(self.model, path)  # the merged model.safetensors would add the adapters twice
+            else:
+                self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+            self.optimizer.load_state_dict(extra["optimizer"])
         self.scheduler.load_state_dict(extra["scheduler"])
         self.version = extra["version"]
         set_seed_state(extra["rng"])

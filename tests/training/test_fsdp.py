@@ -1,0 +1,173 @@
+"""FSDP2 data parallelism: an actor on 2 CPU ranks (gloo) trains, computes log-probs, streams
+gradients and checkpoints exactly as the single-process actor does on the same batch.
+
+The ranks run in spawned processes; rank 0 writes what it sees to a file, the test compares it
+with a single-process actor here. A rank that fails, or ranks that wait on each other, end the
+test (gloo timeout, then a deadline on the whole group) instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from asyncrl.algorithms import compute_advantage
+from asyncrl.config_schema import ActorConfig
+from asyncrl.training.actor import Actor, response_log_probs
+from asyncrl.training.batch import TrainBatch, build_batch, micro_batches, split_rows
+from asyncrl.training.lora import apply_lora
+from tests.training.helpers import make_ragged_groups, tiny_lm
+
+WORLD = 2
+BUDGET = 30  # tokens per micro-batch: 1 to 4 rows of the ragged batch, so shares are uneven or empty
+CONFIGS = {  # no clipping / clipping, entropy and KL losses
+    "token-mean": dict(loss_agg_mode="token-mean", grad_clip=1e9),
+    "seq-mean-token-sum-norm": dict(loss_agg_mode="seq-mean-token-sum-norm", grad_clip=0.05,
+                                    use_kl_loss=True, kl_loss_coef=0.1),
+}
+
+
+def make_actor(name: str) -> Actor:
+    cfg = ActorConfig(ppo_micro_batch_tokens=BUDGET, lr=1e-2, warmup_steps=0, weight_decay=0.01,
+                      entropy_coeff=0.01, **CONFIGS[name])
+    return Actor(tiny_lm(), cfg, temperature=1.0, norm_length=4)
+
+
+def prepared_batch() -> TrainBatch:
+    groups = make_ragged_groups()
+    batch = build_batch(groups, pad_id=0)
+    with torch.no_grad():
+        log_probs = response_log_probs(tiny_lm(), batch, 1.0) * batch.response_mask
+    batch.old_log_probs = log_probs - 0.05 * batch.response_mask  # ratios != 1: clipping matters
+    batch.ref_log_probs = log_probs + 0.1 * batch.response_mask
+    batch.advantages, _ = compute_advantage("grpo", batch.token_level_scores, batch.response_mask, batch.index)
+    return batch
+
+
+def halves(batch: TrainBatch) -> list[TrainBatch]:
+    return [batch.select(rows) for rows in split_rows(batch.size, 2)]
+
+
+def copied(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: w.clone() for name, w in weights.items()}  # one process: views of the live weights
+
+
+def run_actor(batch: TrainBatch, ckpt: Path) -> dict[str, Any]:
+    """Everything compared, on any number of ranks (collective calls on all of them)."""
+    out: dict[str, Any] = {}
+    for name in CONFIGS:
+        actor = make_actor(name)
+        metrics = actor.train_step(batch, num_mini_batches=2)
+        out[name] = {"weights": copied(actor.named_weights()), "log_probs": actor.compute_log_probs(batch),
+                     "metrics": metrics}
+    stream = make_actor("token-mean")
+    for chunk in halves(batch):
+        stream.accumulate(chunk)
+    metrics = stream.apply_update()
+    out["stream"] = {"weights": copied(stream.named_weights()), "metrics": metrics}
+    stream.save(ckpt)
+    stream.train_step(batch, num_mini_batches=2)  # a step from the saved state, to compare a resume with
+    out["after_save"] = copied(stream.named_weights())
+    return out
+
+
+def _rank_main(rank: int, port: int, batch: TrainBatch, tmp: Path) -> None:
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
+    try:
+        out = run_actor(batch, tmp / "sharded")
+        resumed = make_actor("token-mean")
+        resumed.load(tmp / "sharded")
+        out["loaded"] = copied(resumed.named_weights())
+        resumed.train_step(batch, num_mini_batches=2)
+        out["resumed"] = resumed.named_weights()
+        with pytest.raises(AssertionError, match="LoRA with FSDP"):
+            Actor(apply_lora(tiny_lm(), 4, 8, ("q_proj",)), ActorConfig(), temperature=1.0, norm_length=4)
+        if rank == 0:
+            torch.save(out, tmp / "rank0.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ranks(batch: TrainBatch, tmp: Path, deadline_s: float = 240.0) -> dict[str, Any]:
+    group = mp.spawn(_rank_main, args=(free_port(), batch, tmp), nprocs=WORLD, join=False)
+    end = time.monotonic() + deadline_s
+    while not group.join(timeout=1):  # raises if a rank failed
+        if time.monotonic() > end:
+            for proc in group.processes:
+                proc.kill()
+            pytest.fail(f"FSDP ranks still running after {deadline_s} s")
+    return torch.load(tmp / "rank0.pt", weights_only=False)
+
+
+def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert list(got) == list(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def assert_same_metrics(got: dict[str, float], want: dict[str, float]) -> None:
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any], Path]:
+    """(2 ranks, 1 process) on the same batch; the directory with both checkpoints."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    batch = prepared_batch()
+    return run_ranks(batch, tmp), run_actor(batch, tmp / "single"), tmp
+
+
+def test_the_batch_gives_ranks_uneven_and_empty_shares():
+    batch = prepared_batch()
+    sizes = [len(rows) for half in halves(batch) for rows, _ in micro_batches(half, BUDGET)]
+    assert 1 in sizes and any(n > WORLD and n % WORLD for n in sizes), sizes
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_sharded_train_step_equals_single_process(runs, name):
+    sharded, single, _ = runs
+    assert_same_weights(sharded[name]["weights"], single[name]["weights"])
+    torch.testing.assert_close(sharded[name]["log_probs"], single[name]["log_probs"], rtol=1e-5, atol=1e-6)
+    assert_same_metrics(sharded[name]["metrics"], single[name]["metrics"])
+    assert single[name]["weights"]["model.norm.weight"].ne(1).any()  # it trained
+    if name == "seq-mean-token-sum-norm":
+        assert single[name]["metrics"]["actor/grad_norm"] > 0.05  # the clip is active
+
+
+def test_sharded_stream_update_equals_single_process(runs):
+    sharded, single, _ = runs
+    assert_same_weights(sharded["stream"]["weights"], single["stream"]["weights"])
+    assert_same_metrics(sharded["stream"]["metrics"], single["stream"]["metrics"])
+
+
+def test_sharded_checkpoint_round_trips(runs):
+    """Sharded save -> sharded load resumes exactly (weights and optimizer: the next step is the
+    same), and a single-process actor loads the same checkpoint."""
+    sharded, single, tmp = runs
+    assert_same_weights(sharded["loaded"], sharded["stream"]["weights"])
+    assert_same_weights(sharded["resumed"], sharded["after_save"])
+    assert_same_weights(sharded["after_save"], single["after_save"])
+    actor = make_actor("token-mean")
+    actor.load(tmp / "sharded")
+    assert_same_weights(actor.named_weights(), single["stream"]["weights"])
+    actor.train_step(prepared_batch(), num_mini_batches=2)
+    assert_same_weights(actor.named_weights(), single["after_save"])
