@@ -47,7 +47,7 @@ def assert_perfetto_valid(events: list[dict], threads: dict[tuple[int, int], str
 @pytest.mark.parametrize("pipeline", ["colocated", "fully_async"])
 def test_trace_of_a_real_run(tiny_cache: Path, tmp_path: Path, pipeline: str) -> None:
     extra = ("async_training.trigger_parameter_sync_step=1", "async_training.require_batches=1") \
-        if pipeline == "fully_async" else ()
+        if pipeline == "fully_async" else ("actor.old_log_probs=recompute",)  # the pass, so its span is traced
     run_pipeline(tmp_path, f"pipeline={pipeline}", *COMMON, *extra)
     events, threads, processes = load(tmp_path / "trace.json")
     assert_perfetto_valid(events, threads)
