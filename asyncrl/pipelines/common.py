@@ -141,7 +141,8 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
     if due(step, t.save_freq, ctx.total_steps):
         with timer("save_checkpoint", metrics):
             await save_checkpoint(ctx, state)
-        ctx.trace.export(ctx.output_dir / "trace.json", log=ctx.log)  # a kill keeps the trace so far
+        if step < ctx.total_steps:  # a kill keeps the trace so far; after the last step `finish` writes it
+            ctx.trace.export(ctx.output_dir / "trace.json", log=ctx.log)
     log_step(ctx, step, metrics)
     ctx.stop.check()
 

@@ -46,8 +46,7 @@ class SimRolloutServer:
         self._groups = 0
         self._in_flight: dict[str, GroupSpec] = {}  # uid -> its group, for `abort`
         self._reward_s = profile.reward_s / max(cfg.reward.num_workers, 1)
-        self._placeholders: Placeholders = {}
-        self._placeholders_version = -1
+        self._placeholders = Placeholders()
 
     @property
     def version(self) -> int:
@@ -68,7 +67,9 @@ class SimRolloutServer:
             finished = await self.engine.generate(spec, lengths) if lengths else ()
         finally:
             del self._in_flight[uid]
-        trajectories = self._trajectories([(*f[:3], todo[f[3]][0], f[4]) for f in finished], spec, uid, row)
+        if partials:  # the engine numbered the responses still to generate: back to their group indices
+            finished = tuple((*f[:3], todo[f[3]][0], f[4]) for f in finished)
+        trajectories = self._trajectories(finished, spec, uid, row)
         if partials:  # a stopped run's responses: the finished ones, then the aborted ones continued
             before = dict(todo)
             trajectories = kept + [_after(before[_index(t)], t) for t in trajectories]
@@ -93,11 +94,18 @@ class SimRolloutServer:
 
     def _trajectories(self, finished: Sequence[Finished], spec: GroupSpec, uid: str,
                       row: PromptRow | None) -> list[Trajectory]:
-        """Responses of one version share their placeholders; a new version starts afresh (runs
-        name their versions, so a run-long cache would keep every distinct response of the run)."""
-        if self.version != self._placeholders_version:
-            self._placeholders, self._placeholders_version = {}, self.version
-        return [_trajectory(f, spec, f"{uid}/{f[3]}", row, self._placeholders) for f in finished]
+        """The `Trajectory` of each finished or aborted response (3M in a long run: one loop, no
+        call per response)."""
+        tokens, versions = self._placeholders.tokens, self._placeholders.of_version(self.version)
+        prompt = row.prompt_ids if row is not None else RunLength(((0, spec.prompt_len),))
+        out = []
+        for n, runs, end, index, aborted in finished:
+            shared = tokens.get(n) or self._placeholders.add_tokens(n)
+            runs_of = versions.get(runs) or self._placeholders.add_runs(runs, n)
+            reason: FinishReason = "aborted" if aborted else "length" if n >= spec.max_tokens else "stop"
+            out.append(Trajectory(f"{uid}/{index}", prompt, shared[0], shared[1], runs_of, reason,  # positional: fast
+                                  0.0, {}, "aborted" if aborted else "", {"gen_start": spec.submitted, "gen_end": end}))
+        return out
 
     async def score(self, groups: list[Group]) -> list[Group]:
         trajectories = [t for g in groups for t in g.trajectories]
@@ -153,7 +161,30 @@ class SimRolloutServer:
         self.engine.retune(*engine_shape(self.cfg, self.profile, tp))
 
 
-Placeholders = dict[Runs, tuple[RunLength[int], RunLength[float], RunLength[int]]]
+class Placeholders:
+    """The token ids, log-probs and versions of modelled responses: immutable `RunLength`s
+    shared by every response of the same length (ids, log-probs: zeros) and of the same version
+    runs. The runs cache restarts at each new version (runs name their versions, so a run-long
+    cache would keep every distinct response of the run); lengths are at most
+    max_response_length, so their cache lasts the run."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[int, tuple[RunLength[int], RunLength[float]]] = {}
+        self.runs: dict[Runs, RunLength[int]] = {}
+        self.version = -1
+
+    def of_version(self, version: int) -> dict[Runs, RunLength[int]]:
+        if version != self.version:
+            self.runs, self.version = {}, version
+        return self.runs
+
+    def add_tokens(self, n: int) -> tuple[RunLength[int], RunLength[float]]:
+        shared = self.tokens[n] = (RunLength(((0, n),), n), RunLength(((0.0, n),), n))
+        return shared
+
+    def add_runs(self, runs: Runs, n: int) -> RunLength[int]:
+        shared = self.runs[runs] = RunLength(runs, n)
+        return shared
 
 
 def _cut_by_keep(lengths: list[int], keep: int) -> set[int]:
@@ -214,19 +245,6 @@ def _placeholders(runs: tuple[tuple[int, int], ...]) -> tuple[RunLength[int], Ru
     right length and the runs themselves, immutable and shared by every such response."""
     n = sum(count for _, count in runs)
     return RunLength(((0, n),), n), RunLength(((0.0, n),), n), RunLength(runs, n)
-
-
-def _trajectory(f: Finished, spec: GroupSpec, request_id: str, row: PromptRow | None,
-                placeholders: Placeholders) -> Trajectory:
-    n, runs, end, _, aborted = f
-    shared = placeholders.get(runs)
-    if shared is None:
-        shared = placeholders[runs] = _placeholders(runs)
-    ids, logprobs, versions = shared
-    reason: FinishReason = "aborted" if aborted else "length" if n >= spec.max_tokens else "stop"
-    prompt = row.prompt_ids if row is not None else RunLength(((0, spec.prompt_len),))
-    return Trajectory(request_id, prompt, ids, logprobs, versions, reason,  # positional: the fast path
-                      0.0, {}, "aborted" if aborted else "", {"gen_start": spec.submitted, "gen_end": end})
 
 
 class SimTrainer:
