@@ -214,6 +214,8 @@ def _continue_partials(partials: Sequence[Trajectory], lengths: list[int]
                        ) -> tuple[list[Trajectory], list[tuple[int, Trajectory | None]], list[int]]:
     """Which responses of a group to generate: (finished ones kept as they are, (index, the
     aborted response it continues or None) per response to generate, their remaining lengths)."""
+    if not partials:
+        return [], [(i, None) for i in range(len(lengths))], lengths
     earlier = {_index(t): t for t in partials}
     kept = [t for t in partials if t.finish_reason != "aborted"]
     todo = [(i, earlier.get(i)) for i in range(len(lengths))
