@@ -96,7 +96,8 @@ class SimRolloutServer:
                       row: PromptRow | None) -> list[Trajectory]:
         """The `Trajectory` of each finished or aborted response (3M in a long run: one loop, no
         call per response)."""
-        tokens, versions = self._placeholders.tokens, self._placeholders.of_version(self.version)
+        self._placeholders.of_version(self.version)
+        tokens, versions = self._placeholders.tokens, self._placeholders.runs
         prompt = row.prompt_ids if row is not None else RunLength(((0, spec.prompt_len),))
         out = []
         for n, runs, end, index, aborted in finished:
@@ -163,20 +164,18 @@ class SimRolloutServer:
 
 class Placeholders:
     """The token ids, log-probs and versions of modelled responses: immutable `RunLength`s
-    shared by every response of the same length (ids, log-probs: zeros) and of the same version
-    runs. The runs cache restarts at each new version (runs name their versions, so a run-long
-    cache would keep every distinct response of the run); lengths are at most
-    max_response_length, so their cache lasts the run."""
+    shared by the responses of one policy version with the same length (ids, log-probs: zeros)
+    and the same version runs. The caches restart at each new version, so they never grow with
+    the run (runs name their versions: a run-long cache would keep every distinct response)."""
 
     def __init__(self) -> None:
         self.tokens: dict[int, tuple[RunLength[int], RunLength[float]]] = {}
         self.runs: dict[Runs, RunLength[int]] = {}
         self.version = -1
 
-    def of_version(self, version: int) -> dict[Runs, RunLength[int]]:
+    def of_version(self, version: int) -> None:
         if version != self.version:
-            self.runs, self.version = {}, version
-        return self.runs
+            self.tokens, self.runs, self.version = {}, {}, version
 
     def add_tokens(self, n: int) -> tuple[RunLength[int], RunLength[float]]:
         shared = self.tokens[n] = (RunLength(((0, n),), n), RunLength(((0.0, n),), n))
