@@ -138,11 +138,17 @@ class SimRolloutServer:
         self.engine.resume()
 
     async def load_weights(self, named_tensors: Any, version: int) -> None:
-        self.engine.set_version(version)
+        self._new_weights(version)
 
     async def receive_weights(self, group_name: str, meta: Sequence[WeightMeta], version: int,
                               bucket_mb: float) -> None:
-        self.engine.set_version(version)  # the transfer's time is the trainer's broadcast
+        self._new_weights(version)  # the transfer's time is the trainer's broadcast
+
+    def _new_weights(self, version: int) -> None:
+        """A colocated engine then wakes up for the next generation phase (`rollout_wake_s`)."""
+        self.engine.set_version(version)
+        if self.cfg.pipeline == "colocated" and self.profile.rollout_wake_s > 0:
+            self.engine.busy_for(self.profile.rollout_wake_s)
 
     async def weights_checksum(self) -> str:
         return f"v{self.version}"
@@ -260,13 +266,14 @@ class SimTrainer:
         self.colocated = cfg.pipeline == "colocated"  # only it reloads offloaded state after generation
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
+        self.fsdp_size = cfg.sim.fsdp_size
         self.updates = 0
         self._streamed: dict[str, float] = {}  # stage timings and tokens of the chunks not yet stepped
 
     async def train_groups(self, groups: Sequence[Group]) -> dict[str, float]:
         p, micro = self.profile, self.cfg.actor.ppo_micro_batch_tokens
         lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories])
-        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated)
+        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated, self.fsdp_size)
         count = num_mini_batches(len(groups), self.cfg.actor.ppo_mini_batch_size)
         minis = [m for m in np.array_split(lengths, count) if len(m)]
         metrics: dict[str, float] = {}
@@ -279,9 +286,9 @@ class SimTrainer:
         await self._stage("adv", 0.0, metrics)
         if self.use_critic:
             await self._stage("update_critic", costs.update_seconds(
-                p, minis, self.devices, micro, self.cfg.critic.ppo_epochs), metrics)
+                p, minis, self.devices, micro, self.cfg.critic.ppo_epochs, self.fsdp_size), metrics)
         await self._stage("update_actor", costs.update_seconds(
-            p, minis, self.devices, micro, self.cfg.actor.ppo_epochs), metrics)
+            p, minis, self.devices, micro, self.cfg.actor.ppo_epochs, self.fsdp_size), metrics)
         self.updates += 1
         metrics["sim/train_tokens"] = float(lengths.sum())
         return metrics
@@ -292,12 +299,14 @@ class SimTrainer:
         lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories])
         metrics: dict[str, float] = {}
         # A pass's fixed cost (weights and model set up for log-probs) is paid once per batch, not per chunk.
-        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated and not self._streamed)
+        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated and not self._streamed,
+                                        self.fsdp_size)
         await self._stage("old_log_prob", logprob, metrics)
         if self.use_ref:
             await self._stage("ref", logprob, metrics)
         await self._stage("adv", 0.0, metrics)
-        backward = costs.pass_seconds(p, lengths, self.devices, micro, 3.0, p.train_mfu, p.dp_efficiency)
+        backward = costs.pass_seconds(p, lengths, self.devices, micro, 3.0, p.train_mfu, p.dp_efficiency,
+                                      costs.fsdp_comm_seconds(p, self.devices, self.fsdp_size, backward=True))
         await self._stage("update_actor", backward, metrics)
         for k, v in metrics.items():
             self._streamed[k] = self._streamed.get(k, 0.0) + v
