@@ -347,6 +347,8 @@ class SimConfig:
     """Spans kept in the simulated trace.json (later ones are counted, not kept)."""
     gpu_memory_utilization: float = 0.0
     """Share of each modelled GPU for weights + KV cache (vLLM's knob); 0 = the profile's value."""
+    fsdp_size: int = -1
+    """FSDP shard group of the modelled trainer (verl's actor fsdp_config.fsdp_size): -1 = every trainer GPU."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Pipelines side by side on a long-tail workload: colocated vs one-step-off vs fully async (a-d).
+"""Pipelines side by side on a long-tail workload: colocated (2 cores, 1 core, with tail
+batching) vs one-step-off vs fully async (a-d). The two plain colocated runs are what
+bench/sim_vs_measured.py fits the simulator's CPU profile to; it predicts the others.
 
 Workload: the built-in `longtail` task with `rollout.length_from_prompt=true`, so every response
 decodes exactly the length its prompt asks for (lognormal, median ~50, capped at
@@ -27,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DECOUPLED = ["rollout.num_cpus=1", "trainer.num_cpus=1"]
 CONFIGS: dict[str, list[str]] = {
     "colocated": ["pipeline=colocated", "num_threads=2"],
+    "colocated 1 core": ["pipeline=colocated", "num_threads=1"],
+    "colocated + tail batching": ["pipeline=colocated", "num_threads=2", "tail_batching.enable=true"],
     "one_step_off": ["pipeline=one_step_off", *DECOUPLED],
     "fully_async (a) on-policy": ["pipeline=fully_async", *DECOUPLED],
     "fully_async (b) T=2": ["pipeline=fully_async", "async_training.trigger_parameter_sync_step=2", *DECOUPLED],

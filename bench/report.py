@@ -58,11 +58,12 @@ def pipelines_section(data: Any, sim: Any) -> list[str]:
 def sim_section(sim: Any) -> list[str]:
     if not sim:
         return ["_not run yet: `./run.sh bench --only pipelines,sim`_"]
-    out = ["| pipeline | measured s | predicted s | error | measured trainer/rollout idle | predicted |",
+    out = ["| pipeline | measured s | simulated s | error | measured trainer/rollout idle | simulated |",
            "|---|---|---|---|---|---|"]
     for r in sim["rows"]:
         m, p = r["measured"], r["predicted"]
-        out.append(f"| {r['config']} | {m['total_s']:.1f} | {p['total_s']:.1f} | {r['wall_error']:+.0%} "
+        name = f"{r['config']} (fitted)" if r["config"] in sim["fitted_on"] else r["config"]
+        out.append(f"| {name} | {m['total_s']:.1f} | {p['total_s']:.1f} | {r['wall_error']:+.0%} "
                    f"| {m['trainer_idle']:.2f} / {m['rollout_idle']:.2f} "
                    f"| {p['trainer_idle']:.2f} / {p['rollout_idle']:.2f} |")
     names = [r["config"] for r in sim["rows"]]
@@ -70,7 +71,7 @@ def sim_section(sim: Any) -> list[str]:
               second=[r["predicted"]["total_s"] for r in sim["rows"]], labels=("measured", "simulated"))
     return ["Command: `python bench/sim_vs_measured.py --write` (after `bench/pipelines.py --runs-dir bench/runs`).",
             f"Profile: `{sim['profile']}` fitted to the measured {' and '.join(sim['fitted_on'])} runs "
-            "(efficiencies and 1→2-core scaling); the fully async rows are predictions.",
+            "(efficiencies and 1→2-core scaling); every other row is a prediction.",
             "", *out, "", "![sim vs measured](img/sim_vs_measured.png)"]
 
 

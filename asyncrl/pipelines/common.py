@@ -7,6 +7,7 @@ themselves live one per file next to this module.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -140,7 +141,8 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
     if due(step, t.save_freq, ctx.total_steps):
         with timer("save_checkpoint", metrics):
             await save_checkpoint(ctx, state)
-        ctx.trace.export(ctx.output_dir / "trace.json", log=ctx.log)  # a kill keeps the trace so far
+        if step < ctx.total_steps:  # a kill keeps the trace so far; after the last step `finish` writes it
+            ctx.trace.export(ctx.output_dir / "trace.json", log=ctx.log)
     log_step(ctx, step, metrics)
     ctx.stop.check()
 
@@ -182,20 +184,28 @@ def staleness_metrics(groups: Sequence[Group], version: int,
     Without `totals` the counters are this batch's. The lag metrics use each response's first
     token (`start_version`)."""
     totals = {} if totals is None else totals
-    starts = [t.start_version for g in groups for t in g.trajectories]
-    if not starts:
+    responses = lag_sum = partial = stale_groups = stale_responses = 0
+    lag_max = span_max = -math.inf
+    for g in groups:  # one pass, one read of each response's versions (3M responses in a long simulated run)
+        newest = -math.inf
+        for t in g.trajectories:
+            first, last, segments = t.version_span()
+            responses += 1
+            lag_sum += version - first
+            lag_max = max(lag_max, version - first)
+            span_max = max(span_max, last - first)
+            partial += segments > 1
+            stale_responses += version - last >= 1
+            newest = max(newest, last)
+        stale_groups += bool(g.trajectories) and version - newest >= 1
+    if not responses:
         return {}
-    lags = [version - v for v in starts]
-    partial = [t.num_segments > 1 for g in groups for t in g.trajectories]
-    stale = {"stale_samples_processed": sum(version - max(t.end_version for t in g.trajectories) >= 1
-                                            for g in groups if g.trajectories),
-             "stale_trajectory_processed": sum(version - t.end_version >= 1 for g in groups for t in g.trajectories)}
+    stale = {"stale_samples_processed": stale_groups, "stale_trajectory_processed": stale_responses}
     for name, count in stale.items():
         key = f"fully_async/count/{name}"
         totals[key] = totals.get(key, 0) + count
-    return {"staleness/version_lag_mean": sum(lags) / len(lags), "staleness/version_lag_max": max(lags),
+    return {"staleness/version_lag_mean": lag_sum / responses, "staleness/version_lag_max": lag_max,
             **totals, "fully_async/count/current_param_version": version,
-            "fully_async/partial/total_partial_num": sum(partial),
-            "fully_async/partial/partial_ratio": sum(partial) / len(partial),
-            "fully_async/partial/max_partial_span": max(
-                (t.end_version - t.start_version for g in groups for t in g.trajectories), default=0)}
+            "fully_async/partial/total_partial_num": partial,
+            "fully_async/partial/partial_ratio": partial / responses,
+            "fully_async/partial/max_partial_span": span_max}

@@ -116,7 +116,8 @@ class AsyncTrainer:
         with timer("wait_samples", metrics), self.ctx.trace.span("wait_samples", "trainer"):
             while len(groups) < want:
                 try:
-                    group = await self.ctx.stop.race(self.queue.get())
+                    # a queued group is taken at once: racing the stop signal costs two tasks
+                    group = await (self.queue.get() if len(self.queue) else self.ctx.stop.race(self.queue.get()))
                 except Stopped:
                     self.queue.put_back(groups)  # not trained: the checkpoint keeps them queued
                     raise

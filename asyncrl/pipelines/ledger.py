@@ -23,11 +23,10 @@ class SampleLedger:
 
     def record(self, groups: Sequence[Group], step: int, version: int) -> None:
         for g in groups:
-            trajectories = g.trajectories
+            first, last, segments = zip(*[t.version_span() for t in g.trajectories])
             self._file.write(json.dumps({
                 "step": step, "uid": g.uid, "prompt": g.row.uid, "trained_at_version": version,
-                "start_version": g.min_version, "end_version": max(t.end_version for t in trajectories),
-                "segments": max(t.num_segments for t in trajectories)}) + "\n")
+                "start_version": min(first), "end_version": max(last), "segments": max(segments)}) + "\n")
         self._file.flush()
 
     def rollback(self, step: int) -> int:

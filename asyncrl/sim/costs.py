@@ -30,7 +30,13 @@ every micro-batch of `micro_tokens` tokens that rank runs (ranks run at `dp_effi
 doubling of their number in an update, fitted from the update times; forward passes have no
 gradient reduction and scale linearly). `micro_tokens` is verl's
 `ppo_max_token_len_per_gpu` (dynamic batch size): a rank's micro-batches hold at most
-`micro_tokens x sequence_parallel` tokens. A colocated log-prob pass adds `logprob_pass_s`
+`micro_tokens x sequence_parallel` tokens. FSDP communication (`fsdp_comm_seconds`, when the
+profile sets `network_gb_s`): every micro-batch all-gathers the parameters in its shard group
+(`sim.fsdp_size`, verl's fsdp_size; twice with a backward, which also reduce-scatters
+gradients and all-reduces them across replicas), over NVLink when the group fits in a node and
+over the network otherwise; the time a GPU spends on it hardly shrinks with more GPUs, which is
+why colocated updates sharded across nodes scale sublinearly while a decoupled trainer sharded
+within a node (the fully async recipes' fsdp_size 8) does not. A colocated log-prob pass adds `logprob_pass_s`
 (reloading the trainer state offloaded for generation; decoupled trainers do not pay it); the
 update costs 3x the forward FLOPs per PPO epoch plus `optimizer_step_s`
 per mini-batch.
@@ -106,34 +112,62 @@ def balance(work: np.ndarray, tokens: np.ndarray, ranks: int) -> tuple[np.ndarra
     return per_work, per_tokens
 
 
+def fsdp_comm_seconds(p: Profile, devices: int, fsdp_size: int, backward: bool) -> float:
+    """FSDP's collectives for one micro-batch on each GPU (module docstring): the forward
+    all-gathers the bf16 parameters within the shard group; a backward all-gathers them again,
+    reduce-scatters fp32 gradients there and all-reduces each shard across the replicas (HSDP).
+    A group within one node runs at `nvlink_gb_s`, one spanning nodes at `network_gb_s`.
+
+    Example: 7.62B parameters, 128 GPUs sharded over 32 (4 replicas), 8 GPUs a node, 20 GB/s
+    between nodes: a backward moves 31/32 x (2 x 15.2 + 30.5) GB = 59.0 GB in the group and
+    2 x 3/4 x 30.5 / 32 GB = 1.43 GB across replicas: 3.02 s; with a shard group of 8 on
+    360 GB/s NVLink (16 replicas) it is 53.3 / 360 + 7.14 / 20 = 0.51 s."""
+    if p.network_gb_s <= 0:
+        return 0.0
+    shard = devices if fsdp_size <= 0 else max(1, min(fsdp_size, devices))
+    replicas = max(1, devices // shard)
+    params = p.params_b * 1e9
+    in_group = (shard - 1) / shard * (2 * params * (2 if backward else 1) + (4 * params if backward else 0))
+    across = 2 * (replicas - 1) / replicas * 4 * params / shard if backward else 0.0
+
+    def seconds(nbytes: float, span: int) -> float:
+        within_node = span <= p.gpus_per_node and p.nvlink_gb_s > 0
+        return nbytes / ((p.nvlink_gb_s if within_node else p.network_gb_s) * 1e9)
+
+    return seconds(in_group, shard) + seconds(across, devices)
+
+
 def pass_seconds(p: Profile, lengths: np.ndarray, devices: int, micro_tokens: int,
-                 flops_factor: float, mfu: float, dp_efficiency: float = 1.0) -> float:
+                 flops_factor: float, mfu: float, dp_efficiency: float = 1.0, comm_s: float = 0.0) -> float:
     """One pass (forward, or forward+backward with flops_factor 3) over these sequences; ranks
-    keep `dp_efficiency` of their speed per doubling of their number (gradient reduce-scatter:
-    updates only, forward passes scale linearly)."""
+    keep `dp_efficiency` of their speed per doubling of their number (a profile without FSDP
+    communication: updates only, forward passes scale linearly); each micro-batch costs
+    `micro_batch_s` plus `comm_s` (`fsdp_comm_seconds`)."""
     if len(lengths) == 0:
         return 0.0
     sp = max(1, min(p.sequence_parallel, devices))
     ranks = max(1, devices // sp)
     work, tokens = balance(flops_factor * forward_flops(p, lengths), lengths.astype(np.float64), ranks)
     compute = work / (sp * p.device_tflops * 1e12 * mfu * dp_efficiency ** math.log2(ranks))
-    micro = np.ceil(tokens / (max(micro_tokens, 1) * sp)) * p.micro_batch_s
+    micro = np.ceil(tokens / (max(micro_tokens, 1) * sp)) * (p.micro_batch_s + comm_s)
     return float(np.max(compute + micro))
 
 
 def logprob_seconds(p: Profile, lengths: np.ndarray, devices: int, micro_tokens: int,
-                    colocated: bool = True) -> float:
+                    colocated: bool = True, fsdp_size: int = -1) -> float:
     """Old or reference log-probs of a batch: one forward pass, plus the colocated pipeline's
     reload of the offloaded trainer state after generation (`logprob_pass_s`; a decoupled
     trainer keeps its weights resident and does not pay it)."""
     fixed = p.logprob_pass_s if colocated else 0.0
-    return fixed + pass_seconds(p, lengths, devices, micro_tokens, 1.0, p.logprob_mfu)
+    comm = fsdp_comm_seconds(p, devices, fsdp_size, backward=False)
+    return fixed + pass_seconds(p, lengths, devices, micro_tokens, 1.0, p.logprob_mfu, comm_s=comm)
 
 
 def update_seconds(p: Profile, mini_batches: Sequence[np.ndarray], devices: int, micro_tokens: int,
-                   epochs: int) -> float:
+                   epochs: int, fsdp_size: int = -1) -> float:
     """The actor (or critic) update: per epoch, forward+backward of each mini-batch, then a step."""
-    per_epoch = sum(pass_seconds(p, mb, devices, micro_tokens, 3.0, p.train_mfu, p.dp_efficiency)
+    comm = fsdp_comm_seconds(p, devices, fsdp_size, backward=True)
+    per_epoch = sum(pass_seconds(p, mb, devices, micro_tokens, 3.0, p.train_mfu, p.dp_efficiency, comm)
                     + p.optimizer_step_s
                     for mb in mini_batches)
     return epochs * per_epoch

@@ -294,6 +294,12 @@ class SimEngine:
         self.model.set_version(version)
         self._request_replan()
 
+    def busy_for(self, seconds: float) -> None:
+        """The engine does no decoding for the next `seconds` (a colocated engine waking up)."""
+        self.catch_up()
+        self.model.t = max(self.model.t, asyncio.get_running_loop().time() + seconds)
+        self._request_replan()
+
     def retune(self, coefficients: tuple[float, float, float], prefill_s_per_token: float,
                kv_capacity: int, max_seqs: int) -> None:
         """`EngineModel.retune` from now on (the look-ahead made with the old numbers is dropped)."""

@@ -72,6 +72,17 @@ class Profile:
     """Ulysses sequence-parallel degree of the trainer: devices per data-parallel rank."""
     dp_efficiency: float = 1.0
     """Fitted: training speed kept per doubling of data-parallel ranks (1.0 = linear; CPU threads less)."""
+    rollout_wake_s: float = 0.0
+    """Colocated only: each generation phase first wakes the engines (weights resharded from the
+    trainer into them, KV cache allocated again) and ends by putting them to sleep; measured as
+    a colocated run's `gen` minus its `generate_sequences`."""
+    network_gb_s: float = 0.0
+    """Fitted: inter-node bandwidth per GPU reached by the trainer's FSDP collectives, GB/s
+    (0 = FSDP communication not modelled; `costs.fsdp_comm_seconds`)."""
+    nvlink_gb_s: float = 0.0
+    """Intra-node bandwidth per GPU of those collectives (data sheet, NCCL bus bandwidth), GB/s."""
+    gpus_per_node: int = 8
+    """GPUs a node holds: an FSDP group within one node communicates over NVLink."""
     sync_gb_s: float = 10.0
     """Weight-sync bandwidth, GB/s (trainer to all engines)."""
     sync_s: float = 0.5

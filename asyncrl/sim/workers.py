@@ -47,8 +47,7 @@ class SimRolloutServer:
         self._groups = 0
         self._in_flight: dict[str, GroupSpec] = {}  # uid -> its group, for `abort`
         self._reward_s = profile.reward_s / max(cfg.reward.num_workers, 1)
-        self._placeholders: Placeholders = {}
-        self._placeholders_version = -1
+        self._placeholders = Placeholders()
 
     @property
     def version(self) -> int:
@@ -69,7 +68,9 @@ class SimRolloutServer:
             finished = await self.engine.generate(spec, lengths) if lengths else ()
         finally:
             del self._in_flight[uid]
-        trajectories = self._trajectories([(*f[:3], todo[f[3]][0], f[4]) for f in finished], spec, uid, row)
+        if partials:  # the engine numbered the responses still to generate: back to their group indices
+            finished = tuple((*f[:3], todo[f[3]][0], f[4]) for f in finished)
+        trajectories = self._trajectories(finished, spec, uid, row)
         if partials:  # a stopped run's responses: the finished ones, then the aborted ones continued
             before = dict(todo)
             trajectories = kept + [_after(before[_index(t)], t) for t in trajectories]
@@ -94,11 +95,19 @@ class SimRolloutServer:
 
     def _trajectories(self, finished: Sequence[Finished], spec: GroupSpec, uid: str,
                       row: PromptRow | None) -> list[Trajectory]:
-        """Responses of one version share their placeholders; a new version starts afresh (runs
-        name their versions, so a run-long cache would keep every distinct response of the run)."""
-        if self.version != self._placeholders_version:
-            self._placeholders, self._placeholders_version = {}, self.version
-        return [_trajectory(f, spec, f"{uid}/{f[3]}", row, self._placeholders) for f in finished]
+        """The `Trajectory` of each finished or aborted response (3M in a long run: one loop, no
+        call per response)."""
+        self._placeholders.of_version(self.version)
+        tokens, versions = self._placeholders.tokens, self._placeholders.runs
+        prompt = row.prompt_ids if row is not None else RunLength(((0, spec.prompt_len),))
+        out = []
+        for n, runs, end, index, aborted in finished:
+            shared = tokens.get(n) or self._placeholders.add_tokens(n)
+            runs_of = versions.get(runs) or self._placeholders.add_runs(runs, n)
+            reason: FinishReason = "aborted" if aborted else "length" if n >= spec.max_tokens else "stop"
+            out.append(Trajectory(f"{uid}/{index}", prompt, shared[0], shared[1], runs_of, reason,  # positional: fast
+                                  0.0, {}, "aborted" if aborted else "", {"gen_start": spec.submitted, "gen_end": end}))
+        return out
 
     async def score(self, groups: list[Group]) -> list[Group]:
         trajectories = [t for g in groups for t in g.trajectories]
@@ -130,11 +139,17 @@ class SimRolloutServer:
         self.engine.resume()
 
     async def load_weights(self, named_tensors: Any, version: int) -> None:
-        self.engine.set_version(version)
+        self._new_weights(version)
 
     async def receive_weights(self, group_name: str, meta: Sequence[WeightMeta], version: int,
                               bucket_mb: float) -> None:
-        self.engine.set_version(version)  # the transfer's time is the trainer's broadcast
+        self._new_weights(version)  # the transfer's time is the trainer's broadcast
+
+    def _new_weights(self, version: int) -> None:
+        """A colocated engine then wakes up for the next generation phase (`rollout_wake_s`)."""
+        self.engine.set_version(version)
+        if self.cfg.pipeline == "colocated" and self.profile.rollout_wake_s > 0:
+            self.engine.busy_for(self.profile.rollout_wake_s)
 
     async def weights_checksum(self) -> str:
         return f"v{self.version}"
@@ -154,7 +169,28 @@ class SimRolloutServer:
         self.engine.retune(*engine_shape(self.cfg, self.profile, tp))
 
 
-Placeholders = dict[Runs, tuple[RunLength[int], RunLength[float], RunLength[int]]]
+class Placeholders:
+    """The token ids, log-probs and versions of modelled responses: immutable `RunLength`s
+    shared by the responses of one policy version with the same length (ids, log-probs: zeros)
+    and the same version runs. The caches restart at each new version, so they never grow with
+    the run (runs name their versions: a run-long cache would keep every distinct response)."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[int, tuple[RunLength[int], RunLength[float]]] = {}
+        self.runs: dict[Runs, RunLength[int]] = {}
+        self.version = -1
+
+    def of_version(self, version: int) -> None:
+        if version != self.version:
+            self.tokens, self.runs, self.version = {}, {}, version
+
+    def add_tokens(self, n: int) -> tuple[RunLength[int], RunLength[float]]:
+        shared = self.tokens[n] = (RunLength(((0, n),), n), RunLength(((0.0, n),), n))
+        return shared
+
+    def add_runs(self, runs: Runs, n: int) -> RunLength[int]:
+        shared = self.runs[runs] = RunLength(runs, n)
+        return shared
 
 
 def _cut_by_keep(lengths: list[int], keep: int) -> set[int]:
@@ -184,6 +220,8 @@ def _continue_partials(partials: Sequence[Trajectory], lengths: list[int]
                        ) -> tuple[list[Trajectory], list[tuple[int, Trajectory | None]], list[int]]:
     """Which responses of a group to generate: (finished ones kept as they are, (index, the
     aborted response it continues or None) per response to generate, their remaining lengths)."""
+    if not partials:
+        return [], [(i, None) for i in range(len(lengths))], lengths
     earlier = {_index(t): t for t in partials}
     kept = [t for t in partials if t.finish_reason != "aborted"]
     todo = [(i, earlier.get(i)) for i in range(len(lengths))
@@ -217,19 +255,6 @@ def _placeholders(runs: tuple[tuple[int, int], ...]) -> tuple[RunLength[int], Ru
     return RunLength(((0, n),), n), RunLength(((0.0, n),), n), RunLength(runs, n)
 
 
-def _trajectory(f: Finished, spec: GroupSpec, request_id: str, row: PromptRow | None,
-                placeholders: Placeholders) -> Trajectory:
-    n, runs, end, _, aborted = f
-    shared = placeholders.get(runs)
-    if shared is None:
-        shared = placeholders[runs] = _placeholders(runs)
-    ids, logprobs, versions = shared
-    reason: FinishReason = "aborted" if aborted else "length" if n >= spec.max_tokens else "stop"
-    prompt = row.prompt_ids if row is not None else RunLength(((0, spec.prompt_len),))
-    return Trajectory(request_id, prompt, ids, logprobs, versions, reason,  # positional: the fast path
-                      0.0, {}, "aborted" if aborted else "", {"gen_start": spec.submitted, "gen_end": end})
-
-
 class SimTrainer:
     """`PPOTrainer`'s methods on modelled time: the same stages, timed under the same names.
     The stream trainer's chunk costs its log-prob passes and 3x-forward gradient pass now
@@ -242,13 +267,14 @@ class SimTrainer:
         self.colocated = cfg.pipeline == "colocated"  # only it reloads offloaded state after generation
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
+        self.fsdp_size = cfg.sim.fsdp_size
         self.updates = 0
         self._streamed: dict[str, float] = {}  # stage timings and tokens of the chunks not yet stepped
 
     async def train_groups(self, groups: Sequence[Group]) -> dict[str, float]:
         p, micro = self.profile, self.cfg.actor.ppo_micro_batch_tokens
         lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories])
-        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated)
+        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated, self.fsdp_size)
         count = num_mini_batches(len(groups), self.cfg.actor.ppo_mini_batch_size)
         minis = [m for m in np.array_split(lengths, count) if len(m)]
         metrics: dict[str, float] = {}
@@ -261,9 +287,9 @@ class SimTrainer:
         await self._stage("adv", 0.0, metrics)
         if self.use_critic:
             await self._stage("update_critic", costs.update_seconds(
-                p, minis, self.devices, micro, self.cfg.critic.ppo_epochs), metrics)
+                p, minis, self.devices, micro, self.cfg.critic.ppo_epochs, self.fsdp_size), metrics)
         await self._stage("update_actor", costs.update_seconds(
-            p, minis, self.devices, micro, self.cfg.actor.ppo_epochs), metrics)
+            p, minis, self.devices, micro, self.cfg.actor.ppo_epochs, self.fsdp_size), metrics)
         self.updates += 1
         metrics["sim/train_tokens"] = float(lengths.sum())
         return metrics
@@ -274,13 +300,15 @@ class SimTrainer:
         lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories])
         metrics: dict[str, float] = {}
         # A pass's fixed cost (weights and model set up for log-probs) is paid once per batch, not per chunk.
-        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated and not self._streamed)
+        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated and not self._streamed,
+                                        self.fsdp_size)
         if self.old_log_prob_source in PASS_SOURCES:
             await self._stage("old_log_prob", logprob, metrics)
         if self.use_ref:
             await self._stage("ref", logprob, metrics)
         await self._stage("adv", 0.0, metrics)
-        backward = costs.pass_seconds(p, lengths, self.devices, micro, 3.0, p.train_mfu, p.dp_efficiency)
+        backward = costs.pass_seconds(p, lengths, self.devices, micro, 3.0, p.train_mfu, p.dp_efficiency,
+                                      costs.fsdp_comm_seconds(p, self.devices, self.fsdp_size, backward=True))
         await self._stage("update_actor", backward, metrics)
         for k, v in metrics.items():
             self._streamed[k] = self._streamed.get(k, 0.0) + v

@@ -11,7 +11,8 @@ P = dataclasses.replace(
     load_profile("h20-qwen2.5-7b"), device_tflops=1.0, device_mem_gb=10.0, mem_bw_gb_s=1000.0, params_b=1.0,
     n_layers=2, hidden=10, kv_bytes_per_token=1000.0, bytes_per_param=2.0, decode_step_s=0.001, decode_mfu=0.5,
     mem_bw_eff=0.5, prefill_mfu=0.5, tp_efficiency=0.5, gpu_memory_utilization=0.5, train_mfu=0.5,
-    logprob_mfu=0.5, micro_batch_s=0.1, logprob_pass_s=1.0, optimizer_step_s=0.2, sequence_parallel=1)
+    logprob_mfu=0.5, micro_batch_s=0.1, logprob_pass_s=1.0, optimizer_step_s=0.2, sequence_parallel=1,
+    dp_efficiency=1.0, network_gb_s=0.0, rollout_wake_s=0.0)
 
 
 def test_decode_coefficients_by_hand():
@@ -99,3 +100,31 @@ def test_token_per_gpu_micro_batches_and_dp_efficiency_slow_updates_only():
         forward + 2 * 0.1, rel=1e-12, abs=0)
     assert costs.update_seconds(p, [lengths], 4, 60, epochs=1) == pytest.approx(
         3 * forward / 0.5 + 2 * 0.1 + 0.2, rel=1e-12, abs=0)
+
+
+def test_fsdp_communication_by_hand():
+    # 7.62B parameters, 8 GPUs a node, 20 GB/s between nodes, 360 GB/s NVLink (the docstring's example)
+    p = dataclasses.replace(P, params_b=7.62, network_gb_s=20.0, nvlink_gb_s=360.0, gpus_per_node=8)
+    params = 7.62e9
+    # 128 GPUs sharded over 32 (4 replicas): the group spans nodes
+    group = 31 / 32 * (2 * 2 * params + 4 * params)  # two bf16 all-gathers + an fp32 reduce-scatter
+    replicas = 2 * 3 / 4 * 4 * params / 32  # all-reduce of a 1/32 shard of fp32 gradients
+    assert costs.fsdp_comm_seconds(p, 128, 32, backward=True) == pytest.approx(
+        (group + replicas) / 20e9, rel=1e-12, abs=0)  # 3.02 s
+    # a shard group of 8 fits a node: its traffic rides NVLink, the replicas' the network
+    group8, replicas8 = 7 / 8 * 8 * params, 2 * 15 / 16 * 4 * params / 8
+    assert costs.fsdp_comm_seconds(p, 128, 8, backward=True) == pytest.approx(
+        group8 / 360e9 + replicas8 / 20e9, rel=1e-12, abs=0)  # 0.51 s
+    # a forward pass only all-gathers; -1 shards over every GPU; one GPU has nothing to exchange
+    assert costs.fsdp_comm_seconds(p, 16, -1, backward=False) == pytest.approx(
+        15 / 16 * 2 * params / 20e9, rel=1e-12, abs=0)
+    assert costs.fsdp_comm_seconds(p, 1, -1, backward=True) == 0.0
+    assert costs.fsdp_comm_seconds(P, 128, 32, backward=True) == 0.0  # network_gb_s 0: not modelled
+
+
+def test_fsdp_communication_is_paid_per_micro_batch():
+    p = dataclasses.replace(P, network_gb_s=10.0, nvlink_gb_s=100.0, gpus_per_node=8)
+    lengths = np.array([1000, 1000])
+    comm = costs.fsdp_comm_seconds(p, 16, -1, backward=True)
+    without = costs.update_seconds(P, [lengths], 16, 1000, 1)
+    assert costs.update_seconds(p, [lengths], 16, 1000, 1) == pytest.approx(without + comm, rel=1e-12, abs=0)

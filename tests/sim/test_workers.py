@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from asyncrl.config import load_config
+from asyncrl.config_schema import Config
 from asyncrl.sim.loop import run_virtual
 from asyncrl.sim.profile import load_profile
 from asyncrl.sim.workers import SimRolloutServer
@@ -69,3 +70,24 @@ def test_a_decoupled_trainer_does_not_pay_the_colocated_reload():
     assert colocated["timing_s/old_log_prob"] - decoupled["timing_s/old_log_prob"] == pytest.approx(
         profile.logprob_pass_s, rel=1e-9, abs=1e-9)
     assert np.isfinite(decoupled["timing_s/update_actor"])
+
+
+def test_a_colocated_engine_wakes_up_after_new_weights():
+    """`rollout_wake_s`: after a weight load a colocated engine decodes nothing for that long;
+    a decoupled one starts at once."""
+    import dataclasses
+
+    profile = dataclasses.replace(load_profile("h20-qwen2.5-7b"), rollout_wake_s=50.0)
+    ends = {}
+    for pipeline in ("colocated", "one_step_off"):
+        cfg = load_config(None, [f"pipeline={pipeline}", "rollout.n=4", "sim.length_median=400",
+                                 "data.max_response_length=4096"])
+
+        async def generate(cfg: Config = cfg) -> float:
+            server = SimRolloutServer(cfg, profile, 4, Workload(cfg, 0))
+            await server.load_weights({}, 1)
+            group = await server.generate_scored(ROW, 4, "g")
+            return max(t.timings["gen_end"] for t in group.trajectories)
+
+        ends[pipeline], _ = run_virtual(generate())
+    assert ends["colocated"] - ends["one_step_off"] == pytest.approx(50.0, rel=0, abs=1e-6)
