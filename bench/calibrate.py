@@ -22,8 +22,8 @@ the medians' geometric mean is pinned to 500 tokens (SPEC §6's P75 of 755-1.1K 
 A colocated `gen` also wakes the engines (weights resharded into vLLM, KV cache allocated) and
 puts them to sleep: `rollout_wake_s`, 74 s, is the 16-GPU colocated run's own gen (321 s) minus
 its generate_sequences (247 s), measured, not fitted, and charged to every colocated row (the
-28K rows do not report the split). 12 numbers, 3 free medians + 6 profile parameters; `decode_mfu` (large-batch decode) is a
-physical prior the colocated rows cannot constrain.
+28K rows do not report the split). 12 numbers, 3 free medians + 6 profile parameters;
+`decode_mfu` (large-batch decode) is a physical prior the colocated rows cannot constrain.
 
 The reported speed-ups are verl's 400-step wall-clock ratios (fully_async README: 16:16 vs
 colocated 32 2.66x, 32:32 vs 64 1.92x, 64:64 vs 128 2.35x; one_step_off README: 19h18m /

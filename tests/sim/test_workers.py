@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from asyncrl.config import load_config
+from asyncrl.config_schema import Config
 from asyncrl.sim.loop import run_virtual
 from asyncrl.sim.profile import load_profile
 from asyncrl.sim.workers import SimRolloutServer
@@ -82,7 +83,7 @@ def test_a_colocated_engine_wakes_up_after_new_weights():
         cfg = load_config(None, [f"pipeline={pipeline}", "rollout.n=4", "sim.length_median=400",
                                  "data.max_response_length=4096"])
 
-        async def generate() -> float:
+        async def generate(cfg: Config = cfg) -> float:
             server = SimRolloutServer(cfg, profile, 4, Workload(cfg, 0))
             await server.load_weights({}, 1)
             group = await server.generate_scored(ROW, 4, "g")
