@@ -115,7 +115,27 @@ def calibration_section(cal: Any) -> list[str]:
             out.append(f"| {r['gpus']} | {r['length_median']} | {ph} | {r[ph + '_measured']:.1f} "
                        f"| {r[ph + '_sim']:.1f} | {r[ph + '_error']:+.1%} |")
     worst = max(abs(r[p + "_error"]) for r in cal["rows"] for p in ("gen", "old_log_prob", "update_actor"))
-    return [f"Command: `{cal['command']}`. Largest per-phase error: {worst:.1%}.", "", *out]
+    pred = ["| decoupled run (predicted, not fitted) | predicted | reported | error | reported by |",
+            "|---|---|---|---|---|"]
+    for r in cal.get("predictions", []):
+        pred.append(f"| {r['run']} | {r['predicted_speedup']:.2f}x | {r['reported_speedup']:.2f}x | {r['error']:+.0%} "
+                    f"| {r['source']} |")
+    return [f"Command: `{cal['command']}`. Largest per-phase error: {worst:.1%}.", "", *out, "",
+            "Predictions from that profile, 16 steps at each row's fitted median (docs/simulator.md says which "
+            "features drive each error):", "", *pred]
+
+
+def sim_speed_section(speed: Any) -> list[str]:
+    if not speed:
+        return ["_not run yet: `./run.sh bench --only sim_speed`_"]
+    out = [f"Command: `python bench/sim_speed.py` (target: under {speed['target_s']:.0f} s each on this VM; "
+           f"a 10M-step Python loop took {speed['python_loop_10M_s']:.2f} s just before).", "",
+           "| schedule | command | wall s | simulation s | steps | virtual h |", "|---|---|---|---|---|---|"]
+    for name, r in speed.items():
+        if isinstance(r, dict):
+            out.append(f"| {name} | `{r['command']}` | {r['seconds']:.1f} | {r['simulation_s']:.1f} | {r['steps']} "
+                       f"| {r['virtual_s'] / 3600:.1f} |")
+    return out
 
 
 def plan_section(plan: Any) -> list[str]:
@@ -331,6 +351,8 @@ def main() -> None:
         *engine_section(load("engine"), load("weight_sync")), "",
         "## Simulator calibration: SPEC §6 colocated rows (Qwen2.5-Math-7B, H20, DAPO, n=16, 512 prompts)", "",
         *calibration_section(load("calibration")), "",
+        "## Simulator speed: the 400-step, 128-GPU schedules", "",
+        *sim_speed_section(load("sim_speed")), "",
         "## Planning 128 GPUs with the simulator (64 rollout + 64 trainer GPUs, every mode)", "",
         *plan_section(load("plan")), "",
         "## Faults: what a stop, a kill, a failing reward or a full disk costs (tiny model)", "",
