@@ -1,8 +1,8 @@
 """Reward calls in worker processes, so a hung or crashing reward function is killed, not waited on.
 
 `RewardPool(num_workers, timeout_s, custom_function, sandbox)` keeps up to `num_workers` worker processes
-(started on first use). `run(calls)` hands each call to an idle worker and waits at most
-`timeout_s` for its answer. Past that deadline the worker and every process it started get
+(started on first use). `run(calls)` hands each idle worker a chunk of the calls and waits at most
+`timeout_s` for each call's answer. Past that deadline the worker and every process it started get
 SIGKILL (its process group, plus descendants in a session of their own, like the code scorer's
 subprocess) and the call is "timeout"; a fresh worker takes the slot on its next call. A worker
 that dies mid-call (segfault, `os._exit`, the OOM killer) is replaced and the call retried once;
@@ -79,16 +79,15 @@ class RewardPool:
         Calls go to the workers in chunks, one message per chunk, each call answered (and
         deadlined) on its own: the same outcomes as one call at a time, without a round trip
         per call (256 arithmetic calls: ~50 ms of IPC per step before)."""
-        if len(calls) == 1:
-            return [self.run_one(calls[0])]
+        if not calls:
+            return []
         size = -(-len(calls) // self.num_workers)
         chunks = [list(calls[i : i + size]) for i in range(0, len(calls), size)]
         return [o for outcomes in self._threads.map(self._run_chunk, chunks) for o in outcomes]
 
     def run_one(self, call: RewardCall) -> Outcome:
         """One call on an idle worker (waits for one); never raises for a failing reward."""
-        outcome = self._attempt(call)
-        return self._retry(call, outcome) if isinstance(outcome, str) else outcome
+        return self._run_chunk([call])[0]
 
     def pids(self) -> list[int]:
         """Process ids of the live workers."""
@@ -111,9 +110,9 @@ class RewardPool:
             self._slots.put(None)  # a call waiting for a slot then fails fast in _start
 
     def _run_chunk(self, calls: list[RewardCall]) -> list[Outcome]:
-        """`run_one` on each call, sent to one worker at once. Where a call times out, its
+        """Each call's outcome, the calls sent to one worker at once. Where a call times out, its
         worker is replaced and the rest go on; where the worker dies, that call is retried once
-        alone (as `run_one` does) and the rest go on."""
+        alone and the rest go on."""
         outcomes: list[Outcome] = []
         while calls:
             done, cut = self._attempt_chunk(calls)
@@ -128,7 +127,9 @@ class RewardPool:
         """A call whose worker died under it, once more on a fresh one (it may not be its fault)."""
         if self._closed:
             return failed("error", death)
-        outcome = self._attempt(call)
+        done, cut = self._attempt_chunk([call])
+        outcome = done[0] if done else cut
+        assert outcome is not None, "a chunk of one call ends in an outcome or a death"
         return failed("error", outcome + " (on the retry too)") if isinstance(outcome, str) else outcome
 
     def _attempt_chunk(self, calls: list[RewardCall]) -> tuple[list[Outcome], Outcome | str | None]:
@@ -158,26 +159,6 @@ class RewardPool:
     def _timed_out(self, call: RewardCall) -> Outcome:
         return failed("timeout", f"reward function still running after {deadline_s(call, self.timeout_s):g} s "
                                  f"(reward.timeout_s); its process was killed")
-
-    def _attempt(self, call: RewardCall) -> Outcome | str:
-        """The call's outcome, or how the worker died (text) when it died mid-call."""
-        worker = self._slots.get()
-        try:
-            if worker is not None and worker.proc.poll() is not None:  # died while idle
-                self._forget(worker)
-                worker = None
-            if worker is None:
-                worker = self._start()
-            return worker.call(call, deadline_s(call, self.timeout_s))
-        except TimeoutError:
-            return self._timed_out(call)
-        except _WorkerDied as exc:
-            return str(exc)
-        finally:
-            if worker is not None and worker.proc.poll() is not None:
-                self._forget(worker)
-                worker = None
-            self._slots.put(worker)
 
     def _start(self) -> _Worker:
         if self._closed:
@@ -232,18 +213,6 @@ class _Worker:
             raise _WorkerDied(f"reward worker process not ready after {START_TIMEOUT_S:g} s "
                               f"(importing the reward functions)")
         self._recv()  # "ready"
-
-    def call(self, call: RewardCall, timeout_s: float) -> Outcome:
-        """The worker's answer; TimeoutError (worker killed) past `timeout_s`, _WorkerDied if it dies."""
-        try:
-            self.conn.send(call)
-        except OSError:
-            raise _WorkerDied(self._death()) from None
-        if not self.conn.poll(timeout_s):
-            self.kill()
-            raise TimeoutError
-        outcome: Outcome = self._recv()
-        return outcome
 
     def call_many(self, calls: list[RewardCall], timeouts_s: list[float]) -> Iterator[Outcome]:
         """Each call's answer as it comes, call i given `timeouts_s[i]` from call i-1's answer;
@@ -374,10 +343,10 @@ def worker_main(fd: int, custom_function: str) -> None:
     conn.send("ready")
     while True:
         try:
-            message: RewardCall | list[RewardCall] = conn.recv()
+            calls: list[RewardCall] = conn.recv()
         except EOFError:
             return
-        for call in message if isinstance(message, list) else [message]:  # a chunk: one answer per call
+        for call in calls:  # one answer per call, as each ends
             conn.send(call_reward(functools.partial(score, call)))
 
 

@@ -11,7 +11,7 @@ This module does not compute anything RL-specific; it only arranges data.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -192,11 +192,19 @@ def map_micro_batches(batch: TrainBatch, token_budget: int,
                       fn: Callable[[TrainBatch], torch.Tensor]) -> torch.Tensor:
     """`fn`'s (rows, width) result on each micro-batch, back in the batch's row order and padded
     with zeros to the batch's response width T. # (B, T)"""
+    return fill_rows(batch, micro_batches(batch, token_budget), fn)
+
+
+def fill_rows(batch: TrainBatch, parts: Iterable[tuple[list[int], TrainBatch]],
+              fn: Callable[[TrainBatch], torch.Tensor]) -> torch.Tensor:
+    """`fn` run on every part; each result written at its `rows` of a zero (B, T) tensor (a part
+    with no rows is run and dropped)."""
     out: torch.Tensor | None = None
-    for rows, mb in micro_batches(batch, token_budget):
+    for rows, mb in parts:
         part = fn(mb)
         if out is None:
             out = part.new_zeros((batch.size, batch.responses.shape[1]))
-        out[rows, : part.shape[1]] = part
+        if rows:
+            out[rows, : part.shape[1]] = part
     assert out is not None, "an empty batch has no micro-batches"
     return out

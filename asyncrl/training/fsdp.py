@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from asyncrl.training.batch import TrainBatch, micro_batches
+from asyncrl.training.batch import TrainBatch, fill_rows, micro_batches
 
 
 def world() -> tuple[int, int]:
@@ -97,14 +97,7 @@ def map_rank_micro_batches(batch: TrainBatch, token_budget: int,
     """`map_micro_batches` across the ranks: each runs `fn` on its rows of every micro-batch; the
     results, in the batch's row order on every rank (each row is one rank's, zeros elsewhere, so
     a sum gathers them exactly). # (B, T)"""
-    out: torch.Tensor | None = None
-    for rows, mb, _ in rank_micro_batches(batch, token_budget):
-        part = fn(mb)
-        if out is None:
-            out = part.new_zeros((batch.size, batch.responses.shape[1]))
-        if rows:
-            out[rows, : part.shape[1]] = part
-    assert out is not None, "an empty batch has no micro-batches"
+    out = fill_rows(batch, ((rows, mb) for rows, mb, _ in rank_micro_batches(batch, token_budget)), fn)
     dist.all_reduce(out)
     return out
 
