@@ -27,9 +27,11 @@ def pipeline_module(name: str) -> ModuleType:
 def run_pipeline(ctx: RunContext) -> int:
     """Run `ctx.cfg.pipeline` to its end; SIGINT and SIGTERM stop it with a checkpoint
     (`asyncrl.pipelines.stopping`, which raises `Stopped` once it is written)."""
+    from asyncrl.compute import quiet_event_loop
     from asyncrl.pipelines.stopping import handle_signals
 
     async def main() -> int:
+        quiet_event_loop(asyncio.get_running_loop())
         with handle_signals(ctx.stop):
             return int(await pipeline_module(ctx.cfg.pipeline).run(ctx))
 

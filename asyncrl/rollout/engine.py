@@ -15,9 +15,11 @@ Threading model::
     apply tokens · resolve finished futures
 
 All bookkeeping (queues, sequences, futures) lives in the event-loop thread, so it needs no lock;
-the step thread only sees a frozen `StepPlan`. The model runs only inside `StepRunner.run`,
-which holds `StepRunner.lock`; `load_weights` takes the same lock, so a weight load lands
-between two steps even when called from another thread.
+the step thread only sees a frozen `StepPlan`. The step thread is the engine's own, or the
+compute thread it is given to share with other torch work on the same cores (`asyncrl.compute`
+says why). The model runs only inside `StepRunner.run`, which holds `StepRunner.lock`;
+`load_weights` runs on the step thread and takes the same lock, so a weight load lands between
+two steps.
 
 Semantics callers rely on:
 - `generate` resolves as soon as its sequence finishes ("stop" on EOS/stop token, "length" at
@@ -41,11 +43,12 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from collections.abc import Sequence as SequenceABC
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 
 import torch
 from torch import nn
 
+from asyncrl.compute import compute_thread
 from asyncrl.errors import ConfigError, RolloutError
 from asyncrl.roles import PauseMode
 from asyncrl.rollout.generic import ForwardChoice, describe
@@ -73,6 +76,7 @@ class TorchEngine:
         device: torch.device | str = "cpu",
         max_prefill_tokens: int = 4096,
         num_threads: int | None = None,
+        executor: Executor | None = None,
         seed: int | None = None,
         forward: ForwardChoice = "auto",
     ) -> None:
@@ -98,7 +102,8 @@ class TorchEngine:
         self._futures: dict[str, asyncio.Future[Trajectory]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: Executor | None = executor
+        self._owns_executor = executor is None
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -162,10 +167,11 @@ class TorchEngine:
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy `named_tensors` into the model in place and set the version, between steps.
 
-        The copy runs off the event loop (it waits for the step in flight); pause first for a
-        clean cut. On a `SyncError` midway the model is partly updated and the version unchanged.
+        The copy runs on the step thread, after the step in flight; pause first for a clean
+        cut. On a `SyncError` midway the model is partly updated and the version unchanged.
         """
-        await asyncio.to_thread(self._runner.load_weights, named_tensors, version)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._compute(), self._runner.load_weights, named_tensors, version)
 
     def weights_checksum(self) -> str:
         return checksum(export_named(self._runner.model))
@@ -192,7 +198,7 @@ class TorchEngine:
         if self._task is not None and not self._task.done():
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._executor is not None:
+        if self._executor is not None and self._owns_executor:
             await asyncio.to_thread(self._executor.shutdown, True)
         self._runner.release_cache()
 
@@ -206,7 +212,7 @@ class TorchEngine:
             self._abort(list(self._seqs))
         if self._task is not None and not self._task.done() and loop_open:
             self._task.cancel()
-        if self._executor is not None:
+        if self._executor is not None and self._owns_executor:
             self._executor.shutdown(wait=True)
         self._runner.release_cache()
 
@@ -272,18 +278,17 @@ class TorchEngine:
         if alive and self._loop is not None and not self._loop.is_closed():
             raise RolloutError("TorchEngine is bound to another running event loop")
         self._forget_in_flight()  # anything left belongs to a loop that is gone
-        if self._executor is None:
-            threads = self._num_threads or torch.get_num_threads()
-            # torch's intra-op thread count is per thread: set it in the step thread itself.
-            self._executor = ThreadPoolExecutor(
-                1, thread_name_prefix="asyncrl-engine",
-                initializer=torch.set_num_threads, initargs=(threads,),
-            )
         self._loop = loop
         self._wakeup, self._idle = asyncio.Event(), asyncio.Event()
         self._idle.set()
         self._task = loop.create_task(self._run(), name="asyncrl-torch-engine")
         return loop
+
+    def _compute(self) -> Executor:
+        """The thread steps and weight loads run on: the one given, else the engine's own."""
+        if self._executor is None:
+            self._executor = compute_thread(self._num_threads or torch.get_num_threads(), "asyncrl-engine")
+        return self._executor
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -305,7 +310,7 @@ class TorchEngine:
     async def _wait_for_work(self, loop: asyncio.AbstractEventLoop) -> None:
         self._wakeup.clear()
         if not self._scheduler.running and self._runner.cache.allocated_tokens:
-            await loop.run_in_executor(self._executor, self._runner.release_cache)
+            await loop.run_in_executor(self._compute(), self._runner.release_cache)
             if self._wakeup.is_set():
                 return
         await self._wakeup.wait()
@@ -313,7 +318,7 @@ class TorchEngine:
     async def _step(self, loop: asyncio.AbstractEventLoop, plan: StepPlan) -> None:
         self._idle.clear()
         try:
-            result = await loop.run_in_executor(self._executor, self._runner.run, plan)
+            result = await loop.run_in_executor(self._compute(), self._runner.run, plan)
         except Exception as error:  # a failed step fails its rows, not the engine
             wrapped = RolloutError(f"TorchEngine step failed: {error!r}")
             for seq in plan.seqs:

@@ -8,6 +8,7 @@ To add an engine: one module implementing `Engine`, one entry here, its name in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 
 from torch import nn
 
@@ -15,15 +16,18 @@ from asyncrl import names
 from asyncrl.config_schema import RolloutConfig
 from asyncrl.roles import Engine
 
-EngineBuilder = Callable[[nn.Module, Sequence[int], RolloutConfig, str, int], Engine]
-"""(model, eos token ids, rollout config, device, seed) -> engine."""
+EngineBuilder = Callable[[nn.Module, Sequence[int], RolloutConfig, str, int, Executor | None], Engine]
+"""(model, eos token ids, rollout config, device, seed, compute thread or None) -> engine. An
+engine that runs torch in this process runs it on the compute thread when one is given
+(`asyncrl.compute`)."""
 
 
-def _torch(model: nn.Module, eos_ids: Sequence[int], cfg: RolloutConfig, device: str, seed: int) -> Engine:
+def _torch(model: nn.Module, eos_ids: Sequence[int], cfg: RolloutConfig, device: str, seed: int,
+           compute: Executor | None) -> Engine:
     from asyncrl.rollout.engine import TorchEngine
 
     return TorchEngine(model, eos_token_id=list(eos_ids), kv_budget_tokens=cfg.kv_budget_tokens,
-                       max_num_seqs=cfg.max_num_seqs, device=device, seed=seed)
+                       max_num_seqs=cfg.max_num_seqs, device=device, seed=seed, executor=compute)
 
 
 ENGINES: dict[str, EngineBuilder] = {"torch": _torch}
@@ -31,6 +35,6 @@ assert tuple(ENGINES) == names.ENGINES, "register the engine's name in asyncrl.n
 
 
 def build_engine(cfg: RolloutConfig, model: nn.Module, eos_ids: Sequence[int], *, device: str,
-                 seed: int) -> Engine:
+                 seed: int, compute: Executor | None = None) -> Engine:
     """The engine `rollout.engine` names (the config has already checked the name)."""
-    return ENGINES[cfg.engine](model, eos_ids, cfg, device, seed)
+    return ENGINES[cfg.engine](model, eos_ids, cfg, device, seed, compute)

@@ -11,6 +11,7 @@ import copy
 import math
 import sys
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -28,6 +29,7 @@ from asyncrl.training.critic import Critic
 from asyncrl.training.memory import enable_gradient_checkpointing
 from asyncrl.training.model import prepare_actor_model
 from asyncrl.types import PromptRow
+from asyncrl.workers.handles import share_worker_thread
 from asyncrl.workers.reward import RewardWorker
 from asyncrl.workers.rollout import RequestBuilder
 from asyncrl.workers.rollout_server import RolloutServer
@@ -60,12 +62,13 @@ def load_data(cfg: Config, tok: PreTrainedTokenizerBase,
 
 
 def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | None = None,
-                         tok: PreTrainedTokenizerBase | None = None) -> RolloutSide:
-    """Rollout worker `index`: its engine (`rollout.engine`, own copy of the weights) and rewards."""
+                         tok: PreTrainedTokenizerBase | None = None, compute: Executor | None = None) -> RolloutSide:
+    """Rollout worker `index`: its engine (`rollout.engine`, own copy of the weights, stepping on
+    `compute` if given, `asyncrl.compute`) and rewards."""
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
     engine = build_engine(cfg.rollout, copy.deepcopy(model).eval(), eos_ids(model, tok),
-                          device=cfg.trainer.device, seed=cfg.seed + index)
+                          device=cfg.trainer.device, seed=cfg.seed + index, compute=compute)
     requests = RequestBuilder(cfg.rollout, max_tokens=cfg.data.max_response_length, seed=cfg.seed)
     reward = RewardWorker(tok, cfg.reward, window=cfg.data.train_batch_size * cfg.rollout.n, sandbox=cfg.sandbox,
                           scheduler=cfg.reward_scheduler)
@@ -80,8 +83,11 @@ def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
 
 
 def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
-                       tok: PreTrainedTokenizerBase | None = None, num_threads: int = 0) -> TrainerSide:
-    """Actor (+ reference, + critic for gae) around `model`, loaded here when not given."""
+                       tok: PreTrainedTokenizerBase | None = None, num_threads: int = 0,
+                       compute: ThreadPoolExecutor | None = None) -> TrainerSide:
+    """Actor (+ reference, + critic for gae) around `model`, loaded here when not given; it
+    trains on `compute` if given (a shared compute thread, `asyncrl.compute`), else on its own
+    thread of `num_threads` torch threads."""
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
     ref = None
@@ -96,9 +102,12 @@ def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
     # Reference and critic copied the base model above; the actor trains it (LoRA: its adapters).
     actor = Actor(prepare_actor_model(model, cfg.model), cfg.actor, temperature=cfg.rollout.temperature or 1.0,
                   norm_length=cfg.data.max_response_length, total_steps=total_optimizer_steps(cfg))
-    return PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
-                      old_log_prob_source=old_log_prob_source(cfg, exact_rollout_log_probs(cfg)),
-                      num_threads=num_threads)
+    trainer = PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
+                         old_log_prob_source=old_log_prob_source(cfg, exact_rollout_log_probs(cfg)),
+                         num_threads=num_threads)
+    if compute is not None:
+        share_worker_thread(trainer, compute)
+    return trainer
 
 
 def exact_rollout_log_probs(cfg: Config) -> bool:

@@ -21,6 +21,8 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import torch
 
+from asyncrl.compute import compute_thread
+
 S = TypeVar("S")
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -47,11 +49,16 @@ def blocking(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, 
 def _worker_thread(obj: Any) -> ThreadPoolExecutor:
     pool: ThreadPoolExecutor | None = obj.__dict__.get(_THREAD_ATTR)
     if pool is None:
-        threads = getattr(obj, "num_threads", 0) or torch.get_num_threads()
-        pool = ThreadPoolExecutor(1, thread_name_prefix=type(obj).__name__,
-                                  initializer=torch.set_num_threads, initargs=(threads,))
+        pool = compute_thread(getattr(obj, "num_threads", 0) or torch.get_num_threads(), type(obj).__name__)
         obj.__dict__[_THREAD_ATTR] = pool
     return pool
+
+
+def share_worker_thread(obj: Any, pool: ThreadPoolExecutor) -> None:
+    """Run `obj`'s `@blocking` methods on `pool`, a compute thread it shares (`asyncrl.compute`);
+    `close_worker(obj)` still shuts it down, so close the object last among those sharing it."""
+    assert _THREAD_ATTR not in obj.__dict__, "the worker thread is already started"
+    obj.__dict__[_THREAD_ATTR] = pool
 
 
 def close_worker(obj: Any) -> None:

@@ -316,3 +316,24 @@ def test_a_groups_shared_prompt_is_prefilled_once_with_the_same_outputs(arch: st
     assert len({tuple(o.response_ids) for o in together}) > 2  # the samples differ from each other
     assert calls[0] == (2 if arch != "gemma2" else 5)  # gemma2's per-row cache: no sharing
     eng.close()
+
+
+def test_a_given_compute_thread_runs_steps_and_weight_loads_and_outlives_the_engine() -> None:
+    import threading
+
+    from asyncrl.compute import compute_thread
+
+    shared = compute_thread(1, "shared")
+    shared_ident = shared.submit(threading.get_ident).result()
+    model = tiny_model(seed=0)
+    eng = TorchEngine(model, eos_token_id=EOS, kv_budget_tokens=512, max_num_seqs=4, executor=shared)
+    seen: set[int] = set()
+    run, load = eng._runner.run, eng._runner.load_weights
+    eng._runner.run = lambda plan: seen.add(threading.get_ident()) or run(plan)
+    eng._runner.load_weights = lambda named, version: seen.add(threading.get_ident()) or load(named, version)
+    asyncio.run(eng.load_weights(tiny_model(seed=1).named_parameters(), version=1))
+    out = run_sync(eng, [request("a", prompt(4, seed=0), max_tokens=3)])
+    assert list(out[0].versions) == [1, 1, 1] and seen == {shared_ident}
+    eng.close()
+    assert shared.submit(lambda: 7).result() == 7, "the engine leaves a thread it was given running"
+    shared.shutdown()
