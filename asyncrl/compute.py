@@ -21,16 +21,24 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 
+def pin_threads(threads: int) -> None:
+    """Give the calling thread `threads` torch intra-op threads, for good.
+
+    torch keeps the count per thread but initialises a thread lazily, at its first parallel op,
+    from the count last set by any thread; a bare `torch.set_num_threads` before that is undone.
+    Reading the count first runs that initialisation, so the setting sticks."""
+    torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+
+
 def compute_thread(threads: int, name: str) -> ThreadPoolExecutor:
-    """A one-thread executor whose thread runs torch with `threads` intra-op threads (set in the
-    thread itself: the count is per thread)."""
-    return ThreadPoolExecutor(1, thread_name_prefix=name, initializer=torch.set_num_threads,
-                              initargs=(max(1, threads),))
+    """A one-thread executor whose thread runs torch with `threads` intra-op threads."""
+    return ThreadPoolExecutor(1, thread_name_prefix=name, initializer=pin_threads, initargs=(threads,))
 
 
 def quiet_event_loop(loop: asyncio.AbstractEventLoop) -> None:
     """From the loop's thread: torch single-threaded here and in the loop's default executor
     (`asyncio.to_thread`), so neither keeps an OpenMP team beside the compute threads'."""
-    torch.set_num_threads(1)
-    loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="asyncio", initializer=torch.set_num_threads,
+    pin_threads(1)
+    loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="asyncio", initializer=pin_threads,
                                                  initargs=(1,)))

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncrl.compute import compute_thread
+from asyncrl.compute import compute_thread, pin_threads
 from asyncrl.config_schema import Config
 from asyncrl.roles import RolloutSide
 from asyncrl.substrates import Log, RunData, Workers
@@ -37,7 +36,7 @@ class LocalSubstrate:
         self._rollout_thread = rollout = compute_thread(rollout_cpus, "asyncrl-rollout")
         self._trainer_thread = (rollout if cfg.pipeline == "colocated"
                                 else compute_thread(trainer_cpus, "asyncrl-trainer"))
-        torch.set_num_threads(1)  # this thread: an OpenMP team here would slow the compute threads'
+        pin_threads(1)  # this thread: an OpenMP team here would slow the compute threads'
         self._model, self._tok, data = rollout.submit(load_real_data, cfg, log).result()
         return data
 

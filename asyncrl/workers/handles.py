@@ -55,10 +55,11 @@ def _worker_thread(obj: Any) -> ThreadPoolExecutor:
 
 
 def share_worker_thread(obj: Any, pool: ThreadPoolExecutor) -> None:
-    """Run `obj`'s `@blocking` methods on `pool`, a compute thread it shares (`asyncrl.compute`);
-    `close_worker(obj)` still shuts it down, so close the object last among those sharing it."""
-    assert _THREAD_ATTR not in obj.__dict__, "the worker thread is already started"
-    obj.__dict__[_THREAD_ATTR] = pool
+    """Run `obj`'s `@blocking` methods on `pool`, a compute thread it shares (`asyncrl.compute`),
+    unless they already have a thread. `close_worker(obj)` still shuts it down, so close the
+    object last among those sharing it."""
+    if hasattr(obj, "__dict__"):
+        obj.__dict__.setdefault(_THREAD_ATTR, pool)
 
 
 def close_worker(obj: Any) -> None:

@@ -3,8 +3,8 @@
 `RayHandle(name, factory, *args)` builds `factory(*args)` *inside* a Ray actor (`_Host`), so the
 actor builds its own model instead of receiving one through pickling; `Proxy(handle)` (see
 `asyncrl.workers.handles`) is what pipelines hold. Role methods are coroutines and run on the
-actor's event loop (many in flight at once); a `@blocking` one runs on the worker's own thread,
-so a long training step never blocks the loop.
+actor's event loop (many in flight at once); a `@blocking` one runs on the process's compute
+thread (`asyncrl.compute`), so a long training step never blocks the loop.
 
 Also here: `ResourcePool` (one placement group per pool, one bundle per node) and `init_ray`.
 Ray is imported only in this module, `asyncrl.substrates.ray_cluster` and the Ray transports.
@@ -34,8 +34,9 @@ import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from asyncrl.compute import compute_thread, pin_threads, quiet_event_loop
 from asyncrl.errors import ConfigError, WorkerDied
-from asyncrl.workers.handles import close_worker
+from asyncrl.workers.handles import close_worker, share_worker_thread
 
 MAX_CONCURRENCY = 1000
 """Calls one actor may have in flight (its async generate calls, mostly)."""
@@ -51,12 +52,18 @@ class _Host:
 
     def __init__(self, factory: Callable[..., Any], args: tuple[Any, ...],
                  kwargs: dict[str, Any], num_threads: int) -> None:
-        torch.set_num_threads(num_threads)
-        self._num_threads = num_threads
+        # All torch work of this process runs on one compute thread (asyncrl.compute): the object
+        # is built there (a factory taking `compute` gets it), its `@blocking` methods run there.
+        self._compute = compute_thread(num_threads, "asyncrl-compute")
+        pin_threads(1)
+        self._quiet = False
         self._obj: Any = None
         self._init_error: BaseException | None = None
+        if "compute" in inspect.signature(factory).parameters:
+            kwargs = {**kwargs, "compute": self._compute}
         try:
-            self._obj = factory(*args, **kwargs)
+            self._obj = self._compute.submit(factory, *args, **kwargs).result()
+            share_worker_thread(self._obj, self._compute)
         except Exception as err:  # re-raised by every call, so it surfaces with its own type
             self._init_error = err
 
@@ -64,7 +71,9 @@ class _Host:
         # Arguments arrive top-level so Ray resolves ObjectRefs among them before the call.
         if self._init_error is not None:
             raise self._init_error
-        torch.set_num_threads(self._num_threads)  # the loop's thread: what @blocking threads inherit
+        if not self._quiet:
+            quiet_event_loop(asyncio.get_running_loop())
+            self._quiet = True
         result = getattr(self._obj, method)(*args, **kwargs)
         return await result if inspect.isawaitable(result) else result
 
@@ -78,6 +87,7 @@ class _Host:
     async def shutdown(self) -> None:
         if self._obj is not None:
             await asyncio.to_thread(close_worker, self._obj)
+        self._compute.shutdown(wait=False)
 
 
 class _TensorPack:
