@@ -48,11 +48,14 @@ def pipelines_section(data: Any, sim: Any) -> list[str]:
     return [f"Command: `{cmd}`", "", *out, "", "![pipelines](img/pipelines.png)", "",
             "The validation score is not a learning result: the tiny model was never taught the long-tail task; "
             "learning per pipeline is asserted by the end-to-end tests on the arithmetic task.", "",
-            "How to read it: one-step-off hides generation of batch k+1 behind training on batch k even with one "
-            "core per side; mode (a) (on-policy, a sync after every small update) makes both sides wait on each "
-            "other; a larger `trigger_parameter_sync_step` or `staleness_threshold` gives the rollouter room. "
-            "On this CPU a decode step costs more at batch 64 than at batch 1, so keeping the batch full pays "
-            "less than on GPUs; the simulator models the GPU regime (below)."]
+            "How to read it: on 2 cores, decoupling gives each side one core, so it beats colocated only "
+            "where it hides enough waiting: one-step-off hides generation of batch k+1 behind training on batch "
+            "k; mode (a) (on-policy, a sync after every small update) makes both sides wait on each other; a "
+            "larger `trigger_parameter_sync_step` or `staleness_threshold` gives the rollouter room. Tail "
+            "batching wins on this CPU because a tiny-model decode step costs about the same at batch 64 as "
+            "at batch 1 (~1 ms of per-op overhead): cutting the longest responses cuts the step count. The "
+            "decoupled sides are threads of one process here and slow each other down (the GIL, the caches); "
+            "on GPUs the simulator's regime applies (below)."]
 
 
 def sim_section(sim: Any) -> list[str]:
@@ -71,7 +74,8 @@ def sim_section(sim: Any) -> list[str]:
               second=[r["predicted"]["total_s"] for r in sim["rows"]], labels=("measured", "simulated"))
     return ["Command: `python bench/sim_vs_measured.py --write` (after `bench/pipelines.py --runs-dir bench/runs`).",
             f"Profile: `{sim['profile']}` fitted to the measured {' and '.join(sim['fitted_on'])} runs "
-            "(efficiencies and 1→2-core scaling); every other row is a prediction.",
+            "(efficiencies, the per-step vs per-token split of decoding, 1→2-core scaling); every other row is a "
+            "prediction (errors explained in [simulator.md](simulator.md#profiles-and-calibration)).",
             "", *out, "", "![sim vs measured](img/sim_vs_measured.png)"]
 
 

@@ -2,8 +2,9 @@
 measurements.
 
 1. Fit the `cpu-tiny` profile to the colocated runs only: 2 cores per phase and 1 core per
-   phase, from their per-phase times: the rollout, log-prob and update efficiencies, and how
-   speed scales from 1 to 2 cores (`asyncrl.sim.fit`).
+   phase, from their per-phase times: the rollout, log-prob and update efficiencies, how
+   generation splits between per-step and per-token cost (from the step rows), and how speed
+   scales from 1 to 2 cores (`asyncrl.sim.fit`).
 2. Simulate every run of bench/results/pipelines.json (same overrides, same long-tail lengths
    via rollout.length_from_prompt) with that profile: one-step-off, the four fully async runs
    and colocated with tail batching are pure predictions.
@@ -21,7 +22,7 @@ import json
 from pathlib import Path
 
 from asyncrl.config import load_config
-from asyncrl.sim.fit import fit_profile, fit_scaling, measured_phases
+from asyncrl.sim.fit import fit_decode_split, fit_profile, fit_scaling, measured_phases
 from asyncrl.sim.profile import PROFILE_DIR, load_profile, save_profile
 from asyncrl.sim.run import simulate
 from asyncrl.sim.summary import read_steps, summarise
@@ -40,10 +41,11 @@ def main() -> None:
     base = next(r for r in runs if r["config"] == "colocated")
     prompt_len = round(read_steps(Path(base["run_dir"]) / "metrics.jsonl")[0]["prompt_length/mean"])
     sim_keys = ["sim.profile=cpu-tiny", f"sim.prompt_length={prompt_len}"]
-    targets = [(load_config(None, [*r["overrides"], *sim_keys]), measured_phases(Path(r["run_dir"]) / "metrics.jsonl"))
-               for r in runs if r["config"] in FITTED_ON]
+    fitted_runs = [(load_config(None, [*r["overrides"], *sim_keys]), Path(r["run_dir"]) / "metrics.jsonl")
+                   for r in runs if r["config"] in FITTED_ON]
+    targets = [(cfg, measured_phases(path)) for cfg, path in fitted_runs]
     start = load_profile("cpu-tiny")
-    profile = fit_scaling(targets, fit_profile(targets, start))
+    profile = fit_scaling(targets, fit_decode_split(fitted_runs, fit_profile(targets, start)))
     fitted = ROOT / "bench/results/cpu-tiny-fitted.yaml"
     save_profile(dataclasses.replace(profile, description=start.description), fitted)
     if args.write:

@@ -8,7 +8,10 @@ by `train_mfu`. `fit_profile` simulates every target run with the current profil
 each phase's efficiency by the geometric mean of simulated / measured over the targets, and
 repeats; the cost model is close to linear in these factors, so a few rounds converge. The
 physical numbers (FLOP/s, bandwidth, memory, model shape) and the structural costs
-(`decode_step_s` split, per-micro-batch and per-optimizer-step costs) are kept as given.
+(`decode_step_s` split, per-micro-batch and per-optimizer-step costs) are kept as given, except
+by `fit_decode_split`, which reads the split of decoding between per-step and per-token cost off
+the step rows of runs with a length tail, and `fit_scaling`, which fits how speed grows with
+devices from runs on different device counts.
 
     asyncrl sim run.yaml --fit outputs/run/metrics.jsonl --out my-cluster.yaml
 """
@@ -45,6 +48,13 @@ def measured_phases(metrics_path: Path, skip: int = 1) -> dict[str, float]:
 
 
 def simulated_phases(cfg: Config, profile: Profile) -> dict[str, float]:
+    p = _simulate(cfg, profile)[0].phases
+    return {"gen": p.get("gen", p.get("generate_sequences", 0.0)), "old_log_prob": p.get("old_log_prob", 0.0),
+            "update_actor": p.get("update_actor", 0.0), "step": p.get("step", 0.0)}
+
+
+def _simulate(cfg: Config, profile: Profile) -> tuple[Any, list[dict[str, float]]]:
+    """The simulated run's summary and its step rows."""
     from asyncrl.sim.run import simulate
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,9 +65,34 @@ def simulated_phases(cfg: Config, profile: Profile) -> dict[str, float]:
             trainer=dataclasses.replace(cfg.trainer, output_dir=str(Path(tmp) / "run"), logger=("jsonl",),
                                         test_freq=0, val_before_train=False))
         summary = simulate(cfg, log=lambda _: None)
-    p = summary.phases
-    return {"gen": p.get("gen", p.get("generate_sequences", 0.0)), "old_log_prob": p.get("old_log_prob", 0.0),
-            "update_actor": p.get("update_actor", 0.0), "step": p.get("step", 0.0)}
+        return summary, read_steps(Path(tmp) / "run" / "metrics.jsonl")
+
+
+def fit_decode_split(runs: Sequence[tuple[Config, Path]], profile: Profile,
+                     log: Callable[[str], None] = print) -> Profile:
+    """How generation time splits between per-step costs and per-sequence compute, from the
+    step rows of colocated runs with a length tail (e.g. `rollout.length_from_prompt`, where the
+    simulator draws the same lengths): a step's count of decode steps follows its longest
+    response, its compute its token count, so steps whose longest responses differ separate the
+    two. Grid over `decode_mfu` (the per-sequence term) and `mem_bw_gb_s` (the cached-token
+    term; on a CPU the bandwidth that matters is the caches', which a profile cannot know), each
+    point followed by a refit of generation's efficiency; the error is the squared log error of
+    the per-step generation times."""
+    targets = [(cfg, measured_phases(path)) for cfg, path in runs]
+    measured = [[r.get("timing_s/gen", 0.0) for r in read_steps(path)[1:]] for _, path in runs]
+
+    def error(trial: Profile) -> tuple[float, Profile]:
+        trial = fit_profile(targets, trial, rounds=2, log=lambda _: None, phases=("gen",))
+        sims = [[r.get("timing_s/gen", 0.0) for r in _simulate(cfg, trial)[1][1:]] for cfg, _ in runs]
+        pairs = [(m, s) for ms, ss in zip(measured, sims) for m, s in zip(ms, ss) if m > 0 and s > 0]
+        return sum(math.log(s / m) ** 2 for m, s in pairs), trial
+
+    grid = [dataclasses.replace(profile, decode_mfu=profile.decode_mfu * 4**i, mem_bw_gb_s=profile.mem_bw_gb_s * 4**j)
+            for i in range(5) for j in range(4)]
+    best_err, best = min((error(trial) for trial in grid), key=lambda pair: pair[0])
+    log(f"fit decode_mfu = {best.decode_mfu:.3g}, mem_bw_gb_s = {best.mem_bw_gb_s:.3g}, "
+        f"decode_step_s = {best.decode_step_s:.3g} (per-step log error {best_err:.3f})")
+    return best
 
 
 def rescale(profile: Profile, phase: str, factor: float) -> Profile:

@@ -39,3 +39,36 @@ def test_fit_from_a_missing_file_names_the_flag(tmp_path, capsys):
 
     assert main(["sim", *CFG, "--fit", str(tmp_path / "nope.jsonl")]) == 2
     assert "--fit" in capsys.readouterr().err
+
+
+def _step_gens(cfg, profile, out) -> list[float]:
+    """The simulated generation seconds of each step after the first, with `profile`."""
+    from asyncrl.sim.profile import save_profile
+    from asyncrl.sim.run import simulate
+    from asyncrl.sim.summary import read_steps
+
+    save_profile(profile, out / f"{profile.name}.yaml")
+    cfg = dataclasses.replace(cfg, sim=dataclasses.replace(cfg.sim, profile=str(out / f"{profile.name}.yaml")),
+                              trainer=dataclasses.replace(cfg.trainer, output_dir=str(out / profile.name),
+                                                          logger=("jsonl",)))
+    simulate(cfg, log=lambda _: None)
+    return [r["timing_s/gen"] for r in read_steps(out / profile.name / "metrics.jsonl")[1:]]
+
+
+def test_the_decode_split_is_recovered_from_step_rows(tmp_path):
+    """A cluster whose decoding is all per-step cost (cpu-tiny): a start that charges per token
+    fits the mean generation time but not the steps; the split fit recovers the steps."""
+    from asyncrl.sim.fit import fit_decode_split
+
+    cfg = load_config(None, ["sim.profile=cpu-tiny", "data.task=longtail", "rollout.length_from_prompt=true",
+                             "data.max_response_length=256", "data.train_batch_size=16", "actor.ppo_mini_batch_size=8",
+                             "rollout.n=4", "trainer.total_training_steps=5", "num_threads=2"])
+    truth = dataclasses.replace(load_profile("cpu-tiny"), name="truth")
+    measured = _step_gens(cfg, truth, tmp_path)  # stands in for a measured run
+    start = dataclasses.replace(truth, name="start", decode_mfu=truth.decode_mfu / 64,
+                                mem_bw_gb_s=truth.mem_bw_gb_s / 64)
+    start = fit_profile([(cfg, {"gen": sum(measured) / len(measured)})], start, log=lambda _: None, phases=("gen",))
+    assert _step_gens(cfg, start, tmp_path) != pytest.approx(measured, rel=0.05, abs=0)
+    fitted = fit_decode_split([(cfg, tmp_path / "truth" / "metrics.jsonl")], start, log=lambda _: None)
+    assert _step_gens(cfg, dataclasses.replace(fitted, name="fitted"), tmp_path) == pytest.approx(
+        measured, rel=0.05, abs=0)
