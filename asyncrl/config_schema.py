@@ -88,7 +88,7 @@ class RolloutConfig:
     n_gpus_per_node: int = 0
     """GPUs per rollout node (0 on CPU machines)."""
     num_cpus: int = 1
-    """CPU cores given to rollout in decoupled pipelines (torch threads per engine)."""
+    """CPU cores given to rollout in decoupled pipelines (torch threads of the compute thread its engines share)."""
     total_rollout_steps: int = 0
     """Fully async: total prompts to generate (0 = train_batch_size x total_training_steps)."""
     test_freq: int = 0
@@ -242,7 +242,7 @@ class TrainerConfig:
     n_gpus_per_node: int = 0
     """GPUs per training node (0 on CPU machines)."""
     num_cpus: int = 1
-    """CPU cores given to training in decoupled pipelines."""
+    """CPU cores given to training in decoupled pipelines (torch threads of its compute thread)."""
     device: str = "cpu"
     """cpu | cuda."""
 
@@ -360,7 +360,7 @@ class Config:
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
     num_threads: int = 0
-    """torch threads of the main process (0 = all cores)."""
+    """torch threads of a colocated run's compute thread, which engines and trainer share (0 = all cores)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     data: DataConfig = field(default_factory=DataConfig)
