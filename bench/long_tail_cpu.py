@@ -135,7 +135,7 @@ def tables(results: dict[str, Any]) -> str:
     lines = ["| configuration | gen s/step | old_lp + update s/step | end-to-end s | speed-up | trained tokens "
              "| final val score |", "|---|---|---|---|---|---|---|"]
     for r in lt:
-        train = r["old_log_prob_s"]["mean"] + r["update_actor_s"]["mean"]
+        train = sum(r[k]["mean"] for k in ("old_log_prob_s", "update_actor_s") if r[k])  # no pass: None
         lines.append(f"| {r['config']} | {spread(r['gen_s'], 2)} | {train:.2f} | {spread(r['train_s'])} "
                      f"| {base / r['train_s']['mean']:.2f}× | {r['trained_tokens']['mean']:.0f} "
                      f"| {spread(r['final_val_score'], 3)} |")

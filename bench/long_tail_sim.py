@@ -179,16 +179,18 @@ def run_setting(name: str, steps: int, tmp: Path) -> dict[str, Any]:
 
 def diagnostics(name: str, steps: int, tmp: Path, colocated_s: float) -> list[dict[str, Any]]:
     """What the carried-over costs and the planner's rule hide: (1) the variants up to the stream
-    trainer again without the profile's fixed cost per log-prob pass (`logprob_pass_s`, ~40 s,
-    from the H20 calibration; paid once per batch); (2) tail batching + reward scheduler at twice
-    the rollout TP, fixed (is a larger TP faster in this cost model, where nothing preempts?)."""
+    trainer again without the profile's fixed costs measured on H20 (`logprob_pass_s`, ~50 s per
+    log-prob pass, and `rollout_wake_s`, 74 s per generation phase, verl's colocated wake-up),
+    which an H800 cluster pays in some smaller amount that nothing here measured; (2) tail
+    batching + reward scheduler at twice the rollout TP, fixed (is a larger TP faster in this
+    cost model, where nothing preempts?)."""
     s = SETTINGS[name]
-    free = overrides(s, steps, code_reward_profile(s.profile, tmp, logprob_pass_s=0.0))
+    free = overrides(s, steps, code_reward_profile(s.profile, tmp, logprob_pass_s=0.0, rollout_wake_s=0.0))
     runs: list[tuple[str, list[str]]] = []
     extra: list[str] = []
     for label, more in VARIANTS[:4]:
         extra = extra + more
-        runs.append((f"{label}, logprob_pass_s=0", [*free, *extra]))
+        runs.append((f"{label}, no H20 fixed costs", [*free, *extra]))
     remedies = [*VARIANTS[1][1], *VARIANTS[2][1]]
     wide = overrides(dataclasses.replace(s, tp=2 * s.tp), steps, code_reward_profile(s.profile, tmp))
     runs.append((f"+ reward scheduler, rollout TP {2 * s.tp} fixed", [*wide, *remedies]))

@@ -174,9 +174,10 @@ def long_tail_sim_section(data: Any) -> list[str]:
             where = f"{res['setting']}, {res['max_response'] // 1024}K, {res['gpus']} GPUs"
             for r in res[key]:
                 tp = "/".join(map(str, r["tp_sizes"])) or str(r["rollout_tp"])
+                old_lp = "–" if r["old_log_prob_s"] is None else f"{r['old_log_prob_s']:.1f}"
                 out.append(f"| {where} | {r['variant']} | {r['step_s']:.1f} | {r['gen_s']:.1f} | {r['reward_s']:.1f} "
                            f"| {r['reward_shared_pool_s']:.1f} "
-                           f"| {r['old_log_prob_s']:.1f} | {r['train_s'] / 3600:.2f} | {r['speedup']:.2f}× "
+                           f"| {old_lp} | {r['train_s'] / 3600:.2f} | {r['speedup']:.2f}× "
                            f"| {r['aborted_token_share']:.1%} | {r['response_length_mean']:.0f} | {tp} |")
         return out
 
@@ -211,7 +212,8 @@ def long_tail_cpu_section(data: Any) -> list[str]:
            "The scores are not a learning result: the tiny model was never taught the long-tail task.", "",
            "| configuration | gen s/step | old_lp + update s/step | end-to-end s | speed-up | final val score |",
            "|---|---|---|---|---|---|"]
-    out += [f"| {r['config']} | {sp(r['gen_s'], 2)} | {r['old_log_prob_s']['mean'] + r['update_actor_s']['mean']:.2f} "
+    train = lambda r: sum(r[k]["mean"] for k in ("old_log_prob_s", "update_actor_s") if r[k])  # noqa: E731
+    out += [f"| {r['config']} | {sp(r['gen_s'], 2)} | {train(r):.2f} "
             f"| {sp(r['train_s'])} | {base / r['train_s']['mean']:.2f}× "
             f"| {sp(r['final_val_score'], 3)} |" for r in lt]
     out += ["", "| code rewards | gen s/step | reward s/step after gen | reward hidden | end-to-end s |",
