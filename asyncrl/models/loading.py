@@ -35,8 +35,9 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 def load_model(cfg: ModelConfig, log: Callable[[str], None] = print
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer) for `model.path`, in `model.dtype`, in eval mode."""
-    import torch
+    """(model, tokenizer) for `model.path`, float32 (the trainer's master weights; `model.dtype`
+    is the compute dtype, applied by the trainer's autocast and the engines' copies), in eval
+    mode, on the CPU."""
     import transformers
 
     from asyncrl.models.tiny import load_tiny
@@ -48,7 +49,7 @@ def load_model(cfg: ModelConfig, log: Callable[[str], None] = print
         model, tok = _load_smollm2(log)
     else:
         model, tok = _load_dir(cfg.path)
-    model = model.to(getattr(torch, cfg.dtype)).eval()
+    model = model.float().eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok

@@ -25,6 +25,12 @@ micro-batch, gradients are summed across ranks, and the update equals the single
 to float rounding. `named_weights`, `compute_log_probs`, `save` and `load` are then collective:
 every rank calls them. LoRA is not supported sharded.
 
+Devices and precision: the model (float32 master weights, and so float32 optimizer state)
+lives on its device; each entry point moves the batch it is handed there and returns results on
+the batch's device. With `compute_dtype=torch.bfloat16` forwards run under autocast (matmuls in
+bf16; log-probs, entropies and losses in float32) and `named_weights` gives bf16 copies, what
+the rollout engines hold.
+
 It does not know about pipelines or engines, and starts no processes.
 """
 
@@ -92,33 +98,48 @@ def _counts(batch: TrainBatch) -> dict[str, float]:
             "global_seq_count": float((batch.response_mask.sum(-1) > 0).sum())}
 
 
-def response_logits(model: nn.Module, batch: TrainBatch) -> torch.Tensor:
-    """Logits that predict each response token. # (B, T, V)"""
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids, use_cache=False)
+def autocast(device: torch.device, dtype: torch.dtype) -> torch.autocast:
+    """Mixed precision for forwards in `dtype` (off for float32)."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+
+def response_logits(model: nn.Module, batch: TrainBatch, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Logits that predict each response token, computed in `dtype`. # (B, T, V)"""
+    with autocast(batch.input_ids.device, dtype):
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids, use_cache=False)
     P, T = batch.prompt_width, batch.responses.shape[1]
     return out.logits[:, P - 1 : P - 1 + T]
 
 
-def response_log_probs(model: nn.Module, batch: TrainBatch, temperature: float) -> torch.Tensor:
-    """Log-probs of the response tokens. # (B, T)"""
-    return logprobs_from_logits(response_logits(model, batch), batch.responses, temperature)
+def response_log_probs(model: nn.Module, batch: TrainBatch, temperature: float,
+                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Log-probs of the response tokens (float32 math whatever `dtype`). # (B, T)"""
+    return logprobs_from_logits(response_logits(model, batch, dtype), batch.responses, temperature)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 class RefWorker:
     """A frozen policy: per-token log-probs only (for KL terms)."""
 
-    def __init__(self, model: nn.Module, temperature: float, micro_batch_tokens: int) -> None:
+    def __init__(self, model: nn.Module, temperature: float, micro_batch_tokens: int,
+                 compute_dtype: torch.dtype = torch.float32) -> None:
         self.model = model.eval().requires_grad_(False)
         self.temperature = temperature
         self.micro_batch_tokens = micro_batch_tokens
+        self.compute_dtype = compute_dtype
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
-        return map_micro_batches(batch, self.micro_batch_tokens, self._log_probs) * batch.response_mask
+        here = batch.to(model_device(self.model))
+        out = map_micro_batches(here, self.micro_batch_tokens, self._log_probs) * here.response_mask
+        return out.to(batch.responses.device)
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
-        return response_log_probs(self.model, mb, self.temperature)
+        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype)
 
 
 def actor_schedule(cfg: ActorConfig, total_steps: int) -> LRSchedule:
@@ -134,7 +155,7 @@ class Actor:
     """Model (full or LoRA) + AdamW (warm-up, constant or cosine) + PPO-style update."""
 
     def __init__(self, model: PreTrainedModel | PeftModel, cfg: ActorConfig, *, temperature: float,
-                 norm_length: int, total_steps: int = 0) -> None:
+                 norm_length: int, total_steps: int = 0, compute_dtype: torch.dtype = torch.float32) -> None:
         self.sharded = fsdp.is_sharded()
         if self.sharded:
             assert not is_lora(model), \
@@ -144,6 +165,7 @@ class Actor:
         self.cfg = cfg
         self.temperature = temperature
         self.norm_length = norm_length
+        self.compute_dtype = compute_dtype
         self.schedule = actor_schedule(cfg, total_steps)
         self.optimizer, self.scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, self.schedule)
         self.version = 0
@@ -154,24 +176,31 @@ class Actor:
         """What the rollout engines load: every parameter under the base model's names (LoRA
         merged), detached; tensors not merged are not copied. Sharded: full copies (collective)."""
         if self.sharded:
-            return fsdp.full_tensors(self.model)
-        return merged_named(self.model) if is_lora(self.model) else export_named(self.model)
+            named = fsdp.full_tensors(self.model)
+        else:
+            named = merged_named(self.model) if is_lora(self.model) else export_named(self.model)
+        if self.compute_dtype == torch.float32:
+            return named
+        return {k: v.to(self.compute_dtype) if v.is_floating_point() else v for k, v in named.items()}
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
+        here = batch.to(self._device())
         map_rows = fsdp.map_rank_micro_batches if self.sharded else map_micro_batches
-        return map_rows(batch, self.cfg.ppo_micro_batch_tokens, self._log_probs) * batch.response_mask
+        out = map_rows(here, self.cfg.ppo_micro_batch_tokens, self._log_probs) * here.response_mask
+        return out.to(batch.responses.device)
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
-        return response_log_probs(self.model, mb, self.temperature)
+        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype)
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         """PPO epochs over mini-batches; one optimizer step per mini-batch."""
         assert batch.advantages is not None
         assert batch.old_log_probs is not None or (self.cfg.ppo_epochs == 1 and num_mini_batches == 1), \
             "old log-probs from the update's own forward need one optimizer step per batch"
-        metrics = mean_over_mini_batches(batch, self.cfg.ppo_epochs, num_mini_batches, self._mini_batch_step)
+        metrics = mean_over_mini_batches(batch.to(self._device()), self.cfg.ppo_epochs, num_mini_batches,
+                                         self._mini_batch_step)
         self.version += 1
         return metrics | {"actor/lr": self._last_lr}
 
@@ -183,6 +212,7 @@ class Actor:
         if self._pending is None:
             self.optimizer.zero_grad(set_to_none=True)
             self._pending = _Accumulated()
+        batch = batch.to(self._device())
         self._pending.add(batch, self._backward(batch, _SUMS, rows=1))
 
     def apply_update(self) -> dict[str, float]:
@@ -245,7 +275,7 @@ class Actor:
         return ((rows, mb, float(len(rows))) for rows, mb in micro_batches(batch, budget))
 
     def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return model_device(self.model)
 
     def _clip_and_step(self) -> float:
         """Clip, step the optimizer (skipped on a non-finite norm) and the schedule; the norm.
@@ -261,7 +291,7 @@ class Actor:
     def _micro_batch_loss(self, mb: TrainBatch, counts: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
         assert mb.advantages is not None
-        logits = response_logits(self.model, mb)
+        logits = response_logits(self.model, mb, self.compute_dtype)
         log_prob = logprobs_from_logits(logits, mb.responses, self.temperature)
         # None: this forward runs on the weights that generated the batch (one optimizer step
         # per batch, see `train_step`), so its log-probs, detached, are the old ones exactly.

@@ -45,9 +45,18 @@ class TrainBatch:
     def size(self) -> int:
         return int(self.responses.shape[0])
 
+    def to(self, device: torch.device) -> TrainBatch:
+        """The batch on `device` (itself when it is there already): the pipeline builds batches on
+        the CPU, a trainer on another device moves each batch it is handed."""
+        if self.responses.device == device:
+            return self
+        out: dict[str, Any] = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+                               if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, extras={k: v.to(device) for k, v in self.extras.items()}, **out)
+
     def select(self, rows: Sequence[int] | torch.Tensor) -> TrainBatch:
         """A sub-batch of the given rows (tensors indexed, lists picked)."""
-        idx = torch.as_tensor(rows, dtype=torch.long)
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.responses.device)
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -121,8 +130,9 @@ def row_spans(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
     P, T = batch.prompt_width, batch.responses.shape[1]
     prompt_used = batch.attention_mask[:, :P] != 0  # (B, P)
     response_used = (batch.attention_mask[:, P:] != 0) | (batch.response_mask != 0)  # (B, T)
-    prompt_B = (prompt_used * torch.arange(P, 0, -1)).amax(-1)  # P - first used column
-    response_B = (response_used * torch.arange(1, T + 1)).amax(-1)  # last used column + 1
+    device = batch.attention_mask.device
+    prompt_B = (prompt_used * torch.arange(P, 0, -1, device=device)).amax(-1)  # P - first used column
+    response_B = (response_used * torch.arange(1, T + 1, device=device)).amax(-1)  # last used column + 1
     return prompt_B.clamp_min(1), response_B.clamp_min(1)
 
 

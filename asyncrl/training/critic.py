@@ -16,6 +16,7 @@ from torch import nn
 
 from asyncrl.algorithms.value_loss import compute_value_loss
 from asyncrl.config_schema import CriticConfig
+from asyncrl.training.actor import autocast, model_device
 from asyncrl.training.batch import TrainBatch, map_micro_batches, mean_over_mini_batches, micro_batches
 from asyncrl.training.optim import LRSchedule, make_optimizer
 
@@ -24,24 +25,26 @@ if TYPE_CHECKING:
 
 
 class ValueModel(nn.Module):
-    def __init__(self, causal_lm: PreTrainedModel) -> None:
+    def __init__(self, causal_lm: PreTrainedModel, compute_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.body = copy.deepcopy(causal_lm.get_decoder())
-        self.head = nn.Linear(causal_lm.config.hidden_size, 1)
+        self.head = nn.Linear(causal_lm.config.hidden_size, 1, device=model_device(causal_lm))
+        self.compute_dtype = compute_dtype
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     def forward(self, batch: TrainBatch) -> torch.Tensor:
-        hidden = self.body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                           position_ids=batch.position_ids, use_cache=False).last_hidden_state
-        P, T = batch.prompt_width, batch.responses.shape[1]
-        return self.head(hidden[:, P - 1 : P - 1 + T]).squeeze(-1).float()  # (B, T)
+        with autocast(batch.input_ids.device, self.compute_dtype):
+            hidden = self.body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               position_ids=batch.position_ids, use_cache=False).last_hidden_state
+            P, T = batch.prompt_width, batch.responses.shape[1]
+            return self.head(hidden[:, P - 1 : P - 1 + T]).squeeze(-1).float()  # (B, T)
 
 
 class Critic:
     def __init__(self, causal_lm: PreTrainedModel, cfg: CriticConfig, *, micro_batch_tokens: int,
-                 loss_agg_mode: str) -> None:
-        self.model = ValueModel(causal_lm)
+                 loss_agg_mode: str, compute_dtype: torch.dtype = torch.float32) -> None:
+        self.model = ValueModel(causal_lm, compute_dtype)
         self.cfg = cfg
         self.micro_batch_tokens = micro_batch_tokens
         self.loss_agg_mode = loss_agg_mode
@@ -51,12 +54,15 @@ class Critic:
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
-        return map_micro_batches(batch, self.micro_batch_tokens, self.model) * batch.response_mask
+        here = batch.to(model_device(self.model))
+        return (map_micro_batches(here, self.micro_batch_tokens, self.model) * here.response_mask).to(
+            batch.responses.device)
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         assert batch.values is not None and batch.returns is not None
         self.model.train()
-        return mean_over_mini_batches(batch, self.cfg.ppo_epochs, num_mini_batches, self._mini_batch_step)
+        return mean_over_mini_batches(batch.to(model_device(self.model)), self.cfg.ppo_epochs, num_mini_batches,
+                                      self._mini_batch_step)
 
     def _mini_batch_step(self, mini: TrainBatch) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)

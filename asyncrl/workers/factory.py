@@ -12,7 +12,10 @@ import math
 import sys
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import cast
 
+import torch
+from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.config import old_log_prob_source
@@ -67,7 +70,8 @@ def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | N
     `compute` if given, `asyncrl.compute`) and rewards."""
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
-    engine = build_engine(cfg.rollout, copy.deepcopy(model).eval(), eos_ids(model, tok),
+    copy_for_engine = cast(nn.Module, copy.deepcopy(model)).to(device=cfg.trainer.device, dtype=compute_dtype(cfg))
+    engine = build_engine(cfg.rollout, copy_for_engine.eval(), eos_ids(model, tok),
                           device=cfg.trainer.device, seed=cfg.seed + index, compute=compute)
     requests = RequestBuilder(cfg.rollout, max_tokens=cfg.data.max_response_length, seed=cfg.seed)
     reward = RewardWorker(tok, cfg.reward, window=cfg.data.train_batch_size * cfg.rollout.n, sandbox=cfg.sandbox,
@@ -90,24 +94,34 @@ def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
     thread of `num_threads` torch threads."""
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
+    cast(nn.Module, model).to(cfg.trainer.device)  # in place: float32 master weights (model.dtype: compute)
+    dtype = compute_dtype(cfg)
     ref = None
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-        ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, cfg.actor.ppo_micro_batch_tokens)
+        ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, cfg.actor.ppo_micro_batch_tokens,
+                        compute_dtype=dtype)
     critic = None
     if cfg.algorithm.adv_estimator == "gae":
         critic = Critic(model, cfg.critic, micro_batch_tokens=cfg.actor.ppo_micro_batch_tokens,
-                        loss_agg_mode=cfg.actor.loss_agg_mode)
+                        loss_agg_mode=cfg.actor.loss_agg_mode, compute_dtype=dtype)
         if cfg.model.enable_gradient_checkpointing:
             enable_gradient_checkpointing(critic.model.body)
     # Reference and critic copied the base model above; the actor trains it (LoRA: its adapters).
     actor = Actor(prepare_actor_model(model, cfg.model), cfg.actor, temperature=cfg.rollout.temperature or 1.0,
-                  norm_length=cfg.data.max_response_length, total_steps=total_optimizer_steps(cfg))
+                  norm_length=cfg.data.max_response_length, total_steps=total_optimizer_steps(cfg),
+                  compute_dtype=dtype)
     trainer = PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
                          old_log_prob_source=old_log_prob_source(cfg, exact_rollout_log_probs(cfg)),
                          num_threads=num_threads)
     if compute is not None:
         share_worker_thread(trainer, compute)
     return trainer
+
+
+def compute_dtype(cfg: Config) -> torch.dtype:
+    """`model.dtype`: what forwards compute in (the trainer's autocast, the engines' weights);
+    the trainer's master weights and optimizer state stay float32."""
+    return getattr(torch, cfg.model.dtype)
 
 
 def exact_rollout_log_probs(cfg: Config) -> bool:
