@@ -5,8 +5,8 @@ torch's intra-op thread count is per thread, and every thread that runs a parall
 own OpenMP team for as long as it lives. libgomp counts the threads of all teams: once they
 outnumber the cores, a team's workers stop spinning between parallel regions and sleep on a
 futex, so each small op pays a wake-up. On 2 cores, one idle extra team made the engine's
-decoding 3-4x slower and the colocated pipeline's generation 3x slower (docs/engine.md,
-"threads"). So work that runs on the same cores shares one thread: a colocated run's engines and
+decoding 3-4x slower and the colocated pipeline's generation 3x slower (docs/engine.md, "One
+OpenMP team per side"). So work that runs on the same cores shares one thread: a colocated run's engines and
 trainer run on one compute thread, a decoupled run has one per side, and the event loop and
 `asyncio.to_thread`'s pool run torch single-threaded.
 

@@ -87,11 +87,10 @@ def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
 
 
 def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
-                       tok: PreTrainedTokenizerBase | None = None, num_threads: int = 0,
+                       tok: PreTrainedTokenizerBase | None = None,
                        compute: ThreadPoolExecutor | None = None) -> TrainerSide:
     """Actor (+ reference, + critic for gae) around `model`, loaded here when not given; it
-    trains on `compute` if given (a shared compute thread, `asyncrl.compute`), else on its own
-    thread of `num_threads` torch threads."""
+    trains on `compute` if given (a compute thread, `asyncrl.compute`), else on its own thread."""
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
     cast(nn.Module, model).to(cfg.trainer.device)  # in place: float32 master weights (model.dtype: compute)
@@ -111,8 +110,7 @@ def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
                   norm_length=cfg.data.max_response_length, total_steps=total_optimizer_steps(cfg),
                   compute_dtype=dtype)
     trainer = PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
-                         old_log_prob_source=old_log_prob_source(cfg, exact_rollout_log_probs(cfg)),
-                         num_threads=num_threads)
+                         old_log_prob_source=old_log_prob_source(cfg, exact_rollout_log_probs(cfg)))
     if compute is not None:
         share_worker_thread(trainer, compute)
     return trainer
