@@ -22,11 +22,13 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from asyncrl.compute import compute_thread, pin_threads
 from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.types import GenerationRequest, SamplingParams
 
@@ -80,10 +82,11 @@ class ForeignLoad:
         return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def run_engine(model: LlamaForCausalLM, reqs: list[GenerationRequest], max_num_seqs: int) -> float:
+def run_engine(model: LlamaForCausalLM, reqs: list[GenerationRequest], max_num_seqs: int,
+               compute: ThreadPoolExecutor) -> float:
     budget = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs) * max_num_seqs
     engine = TorchEngine(model, eos_token_id=0, max_num_seqs=max_num_seqs,
-                         kv_budget_tokens=budget, seed=0)
+                         kv_budget_tokens=budget, seed=0, executor=compute)
     t0 = time.perf_counter()
     outs = run_sync(engine, reqs)
     elapsed = time.perf_counter() - t0
@@ -127,22 +130,27 @@ def best_of(repeats: int, fn: Callable[[], float], max_foreign: float, max_tries
 
 
 def bench_model(name: str, args: argparse.Namespace, threads: int) -> list[dict[str, object]]:
-    torch.set_num_threads(threads)
-    model = build_model(name)
+    """Every torch op on one compute thread of `threads` torch threads (engine steps, HF
+    generate, model building): a second OpenMP team in the process would slow both
+    (`asyncrl.compute`)."""
+    pin_threads(1)
+    compute = compute_thread(threads, "bench")
+    model = compute.submit(build_model, name).result()
     reqs = workload(args.num_requests, model.config.vocab_size, args.seed, args.median,
                     args.sigma, args.cap)
     useful = sum(r.params.max_tokens for r in reqs)
-    run_engine(model, reqs[:8], 8)  # warm up allocator and kernels
+    run_engine(model, reqs[:8], 8, compute)  # warm up allocator and kernels
     rows = []
-    secs, foreign = best_of(args.repeats, lambda: run_engine(model, reqs, args.max_num_seqs),
+    secs, foreign = best_of(args.repeats, lambda: run_engine(model, reqs, args.max_num_seqs, compute),
                             args.max_foreign, args.repeats + 3)
     rows.append(dict(model=name, threads=threads, system="TorchEngine",
                      batch=args.max_num_seqs, seconds=secs, foreign_cores=foreign))
     for bs in args.hf_batch_sizes:
-        secs, foreign = best_of(args.hf_repeats, lambda bs=bs: run_hf(model, reqs, bs),
+        secs, foreign = best_of(args.hf_repeats, lambda bs=bs: compute.submit(run_hf, model, reqs, bs).result(),
                                 args.max_foreign, args.hf_repeats + 2)
         rows.append(dict(model=name, threads=threads, system="HF generate", batch=bs,
                          seconds=secs, foreign_cores=foreign))
+    compute.shutdown()  # its OpenMP team goes with the thread
     for row in rows:
         row.update(useful_tokens=useful, tokens_per_s=useful / float(row["seconds"]),
                    max_new_tokens=max(r.params.max_tokens for r in reqs))
