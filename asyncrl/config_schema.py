@@ -71,6 +71,8 @@ class RolloutConfig:
     """KV-cache capacity of one engine in tokens; exceeding it preempts sequences."""
     max_num_seqs: int = 256
     """Maximum sequences decoded together by one engine."""
+    cuda_graphs: bool = True
+    """CUDA: decode replayed from CUDA graphs, one per batch bucket, over a static KV cache of max_num_seqs slots."""
     engine: str = "torch"
     """Rollout engine (asyncrl.rollout.registry): torch = continuous batching in plain torch."""
     num_engines: int = 1

@@ -79,6 +79,7 @@ class TorchEngine:
         executor: Executor | None = None,
         seed: int | None = None,
         forward: ForwardChoice = "auto",
+        static_decode: bool | None = None,
     ) -> None:
         for key, value in (("kv_budget_tokens", kv_budget_tokens), ("max_num_seqs", max_num_seqs),
                            ("max_prefill_tokens", max_prefill_tokens)):
@@ -86,9 +87,11 @@ class TorchEngine:
                 raise ConfigError(f"{key} must be >= 1, got {value}")
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self._eos_ids = tuple(int(t) for t in eos)
+        if static_decode is None:  # CUDA graphs where they pay: on GPUs
+            static_decode = torch.device(device).type == "cuda"
         self._runner = StepRunner(
             model, max_num_seqs=max_num_seqs, device=device, version=version, seed=seed,
-            forward=forward,
+            forward=forward, static_decode=static_decode,
         )
         self._vocab_size = self._runner.forward.vocab_size
         if self._runner.fast_path_problem is not None:
@@ -309,7 +312,8 @@ class TorchEngine:
 
     async def _wait_for_work(self, loop: asyncio.AbstractEventLoop) -> None:
         self._wakeup.clear()
-        if not self._scheduler.running and self._runner.cache.allocated_tokens:
+        # Idle: give the cache's memory back, unless graphs were captured over it (static decode).
+        if not self._scheduler.running and self._runner.cache.allocated_tokens and self._runner.graphs is None:
             await loop.run_in_executor(self._compute(), self._runner.release_cache)
             if self._wakeup.is_set():
                 return

@@ -194,14 +194,17 @@ class BatchedForward:
         return self.lm_head(_rms_norm(self.base.norm, h_last)).float()
 
     def decode(
-        self, cache: SlotKVCache, token_ids: torch.Tensor, positions: torch.Tensor
+        self, cache: SlotKVCache, token_ids: torch.Tensor, positions: torch.Tensor, length: int | None = None
     ) -> torch.Tensor:
         """One token per row; row i lives in slot i and its token sits at `positions[i]`.
 
-        token_ids, positions: (B,) int64. Returns logits (B, V) in float32.
+        token_ids, positions: (B,) int64. Returns logits (B, V) in float32. Attention reads the
+        first `length` cached positions (default: up to the furthest row; a fixed length, such as
+        the cache's capacity, keeps every shape static for a CUDA graph and reads no tensor on
+        the host).
         """
         b = token_ids.shape[0]
-        length = int(positions.max()) + 1
+        length = int(positions.max()) + 1 if length is None else length
         rows = torch.arange(b, device=token_ids.device)
         h = self.base.embed_tokens(token_ids)[:, None]  # (B, 1, hidden)
         cos, sin = self.base.rotary_emb(h, positions[:, None])  # (B, 1, D)

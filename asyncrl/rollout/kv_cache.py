@@ -40,6 +40,7 @@ class SlotKVCache:
         dtype: torch.dtype,
         device: torch.device | str,
         min_capacity: int = 64,
+        static: bool = False,
     ) -> None:
         self.num_layers = num_layers
         self.kv_heads = kv_heads
@@ -48,6 +49,9 @@ class SlotKVCache:
         self.dtype = dtype
         self.device = torch.device(device)
         self.min_capacity = min_capacity
+        self.static = static
+        self.generation = 0
+        """Bumped whenever the buffers are replaced: what was captured over the old ones is stale."""
         self.slots = 0
         self.capacity = 0
         self.keys: list[torch.Tensor] = []  # per layer: (slots, kv_heads, capacity, head_dim)
@@ -58,8 +62,13 @@ class SlotKVCache:
 
         Grows to powers of two; shrinks only when the need drops below a quarter of what is
         allocated, so a batch that oscillates around a boundary does not reallocate every step.
+        Static: every slot from the start, capacity only grows (the buffers keep their addresses
+        between growths, so CUDA graphs captured over them stay valid).
         """
         assert num_slots <= self.max_slots, (num_slots, self.max_slots)
+        if self.static:
+            num_slots = self.max_slots
+            length = max(length, self.capacity)
         want_slots = min(_round_up_pow2(max(num_slots, 1), 1), self.max_slots)
         want_cap = _round_up_pow2(max(length, 1), self.min_capacity)
         grow = num_slots > self.slots or length > self.capacity
@@ -83,6 +92,7 @@ class SlotKVCache:
             new_v.append(v)
         self.keys, self.values = new_k, new_v
         self.slots, self.capacity = slots, capacity
+        self.generation += 1
 
     def apply_moves(self, moves: Sequence[tuple[int, int, int]]) -> None:
         """The (src, dst, length) moves, in order, as one gather per buffer.
@@ -108,6 +118,7 @@ class SlotKVCache:
         """Drop every buffer (the engine is idle or closing)."""
         self.keys, self.values = [], []
         self.slots, self.capacity = 0, 0
+        self.generation += 1
 
     @property
     def allocated_tokens(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 
+import torch
 from torch import nn
 
 from asyncrl import names
@@ -27,7 +28,8 @@ def _torch(model: nn.Module, eos_ids: Sequence[int], cfg: RolloutConfig, device:
     from asyncrl.rollout.engine import TorchEngine
 
     return TorchEngine(model, eos_token_id=list(eos_ids), kv_budget_tokens=cfg.kv_budget_tokens,
-                       max_num_seqs=cfg.max_num_seqs, device=device, seed=seed, executor=compute)
+                       max_num_seqs=cfg.max_num_seqs, device=device, seed=seed, executor=compute,
+                       static_decode=cfg.cuda_graphs and torch.device(device).type == "cuda")
 
 
 ENGINES: dict[str, EngineBuilder] = {"torch": _torch}

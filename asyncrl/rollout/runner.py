@@ -16,7 +16,9 @@ from torch import nn
 
 from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
+from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.generic import ForwardChoice, StepCache, StepForward, build_forward
+from asyncrl.rollout.graphs import BucketedDecode
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.sampler import SamplingBatch, sample
 from asyncrl.rollout.scheduler import StepPlan, StepResult
@@ -34,6 +36,7 @@ class StepRunner:
         version: int,
         seed: int | None,
         forward: ForwardChoice = "auto",
+        static_decode: bool = False,
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -43,6 +46,11 @@ class StepRunner:
         self.forward: StepForward
         self.forward, self.fast_path_problem = build_forward(model, forward)
         self.cache: StepCache = self.forward.new_cache(max_num_seqs, self.device)
+        self.graphs: BucketedDecode | None = None
+        if static_decode and isinstance(self.forward, BatchedForward):  # the generic path stays eager
+            assert isinstance(self.cache, SlotKVCache)
+            self.cache.static = True
+            self.graphs = BucketedDecode(self.forward, self.cache, max_num_seqs, capture=self.device.type == "cuda")
         self.lock = threading.Lock()
         self.version = version
         self.generator = torch.Generator()
@@ -66,7 +74,9 @@ class StepRunner:
         need = max([p + 1 for p in plan.decode_positions] + lengths)
         self.cache.reserve(plan.num_rows, need)
         parts: list[torch.Tensor] = []
-        if num_decode:
+        if num_decode and self.graphs is not None:
+            parts.append(self.graphs(plan.decode_tokens, plan.decode_positions))
+        elif num_decode:
             tokens = torch.tensor(plan.decode_tokens, dtype=torch.int64, device=self.device)
             positions = torch.tensor(plan.decode_positions, dtype=torch.int64, device=self.device)
             parts.append(self.forward.decode(self.cache, tokens, positions))
