@@ -65,7 +65,9 @@ class StepRunner:
             logits = self._logits(plan)
             batch = SamplingBatch.build(list(plan.params), list(plan.generators), logits.device)
             tokens, logprobs = sample(logits, batch, self.generator)
-            return StepResult(tokens.tolist(), logprobs.tolist(), self.version)
+            # One device-to-host copy per step: float64 holds token ids and float32 values exactly.
+            ids, lps = torch.stack((tokens.to(torch.float64), logprobs.to(torch.float64))).tolist()
+            return StepResult([int(t) for t in ids], lps, self.version)
 
     def _logits(self, plan: StepPlan) -> torch.Tensor:
         """Decode rows then prefill rows, (rows, V) float32."""
