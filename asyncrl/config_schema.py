@@ -71,6 +71,8 @@ class RolloutConfig:
     """KV-cache capacity of one engine in tokens; exceeding it preempts sequences."""
     max_num_seqs: int = 256
     """Maximum sequences decoded together by one engine."""
+    gpu_memory_utilization: float = 0.5
+    """CUDA: share of the GPU's memory the engine may use (weights + KV cache + activations), as vLLM's."""
     cuda_graphs: bool = True
     """CUDA: decode replayed from CUDA graphs, one per batch bucket, over a static KV cache of max_num_seqs slots."""
     engine: str = "torch"
@@ -358,7 +360,7 @@ class Config:
     pipeline: str = "colocated"
     """colocated | one_step_off | fully_async."""
     backend: str = "local"
-    """local | ray."""
+    """local (this process) | processes (a process per worker on this machine: a decoupled run on one GPU) | ray."""
     seed: int = 0
     """Seed of data order, sampling and initialisation."""
     num_threads: int = 0

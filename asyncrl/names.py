@@ -8,7 +8,7 @@ from __future__ import annotations
 
 PIPELINES = ("colocated", "one_step_off", "fully_async")
 """`pipeline=`: `asyncrl.pipelines.PIPELINE_MODULES`."""
-BACKENDS = ("local", "ray")
+BACKENDS = ("local", "ray", "processes")
 """`backend=`: the substrates a real run can use (`asyncrl.substrates`); `asyncrl sim` adds "sim"."""
 ENGINES = ("torch",)
 """`rollout.engine=`: `asyncrl.rollout.registry.ENGINES`."""

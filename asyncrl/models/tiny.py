@@ -126,7 +126,7 @@ def sampled_accuracy(model: GenerationMixin, tok: PreTrainedTokenizerBase,
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = (ids != tok.pad_token_id).long()
     # transformers types generate's self as a Protocol that real models fail under mypy (read-only `device`)
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6,  # type: ignore[misc]
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6,  # type: ignore[misc, unused-ignore]
                          do_sample=temperature > 0, temperature=temperature or None, top_k=0,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)

@@ -16,8 +16,10 @@ NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 def load_into(model: nn.Module, named_tensors: NamedTensors) -> int:
     """Copy each tensor into the parameter of the same name; returns how many were loaded.
 
-    Copies, so the sources may be read-only views (object store) or reused buffers. An unknown
-    name or a shape mismatch raises `SyncError` naming the tensor.
+    Copies, so the sources may be read-only views (object store) or reused buffers: on a GPU it
+    returns once the copies are done, since the source's owner may be another process (a shared
+    buffer, `asyncrl.sync.shared`) that overwrites it next. An unknown name or a shape mismatch
+    raises `SyncError` naming the tensor.
     """
     params = dict(model.named_parameters(remove_duplicate=False))
     pairs = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
@@ -32,4 +34,6 @@ def load_into(model: nn.Module, named_tensors: NamedTensors) -> int:
                                 f"got {tuple(tensor.shape)}")
             target.copy_(tensor)
             loaded += 1
+    for device in {p.device for p in params.values() if p.is_cuda}:
+        torch.cuda.synchronize(device)
     return loaded

@@ -4,6 +4,9 @@ and every pipeline run on all of them unchanged:
 
 - local (`LocalSubstrate`): workers are objects in this process (blocking work on their own
   threads); one model load shared by every worker; weights move in process;
+- processes (`ProcessSubstrate`): the trainer and each rollout worker in a spawned process on
+  this machine, each building its own model; weights move through one shared buffer (CUDA IPC
+  on a GPU): how a decoupled run shares one GPU without Ray;
 - ray (`RaySubstrate`): each worker is a Ray actor placed on its resource pool (a placement
   group per pool), building its own model; weights move through the object store or a
   torch.distributed broadcast;
@@ -69,6 +72,10 @@ def substrate_for(cfg: Config) -> Substrate:
         from asyncrl.substrates.local import LocalSubstrate
 
         return LocalSubstrate()
+    if cfg.backend == "processes":
+        from asyncrl.substrates.processes import ProcessSubstrate
+
+        return ProcessSubstrate()
     if cfg.backend == "ray":
         if importlib.util.find_spec("ray") is None:
             raise ConfigError("backend=ray needs Ray, which is not installed: pip install 'asyncrl[ray]' "
@@ -76,4 +83,4 @@ def substrate_for(cfg: Config) -> Substrate:
         from asyncrl.substrates.ray_cluster import RaySubstrate
 
         return RaySubstrate()
-    raise ConfigError(f"backend must be local or ray, got {cfg.backend!r}")
+    raise ConfigError(f"backend must be local, processes or ray, got {cfg.backend!r}")

@@ -19,7 +19,7 @@ from typing import TypeVar, cast
 from asyncrl.config_schema import Config
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.substrates import Log, RunData, Workers
-from asyncrl.substrates.real import load_real_data, set_threads, side_cpus
+from asyncrl.substrates.real import load_real_data, set_threads, side_cpus, worker_shares
 from asyncrl.sync.transports import default_transport, make_transport
 from asyncrl.workers.factory import build_rollout_server, build_trainer_side
 from asyncrl.workers.handles import Proxy
@@ -51,21 +51,15 @@ class RaySubstrate:
 
     def build_workers(self, cfg: Config, log: Log) -> Workers:
         rollout_pool, trainer_pool = self._pools(cfg)
-        engines = cfg.rollout.num_engines
-        rollout_cores, trainer_cores = side_cpus(cfg)
+        shares = worker_shares(cfg)
         gpu = 1.0 if cfg.trainer.device == "cuda" else 0.0
-        if cfg.pipeline == "colocated":  # all take turns on the same cores: reserve a share each
-            rollout_cpus = trainer_cpus = rollout_cores / (engines + 1)
-            rollout_threads = trainer_threads = rollout_cores
-        else:
-            rollout_cpus, trainer_cpus = rollout_cores / engines, float(trainer_cores)
-            rollout_threads, trainer_threads = max(1, rollout_cores // engines), trainer_cores
         rollouts: list[RolloutSide] = [
             self.spawn(f"rollout worker {i}", functools.partial(build_rollout_server, cfg, i), rollout_pool,
-                       cpus=rollout_cpus, threads=rollout_threads, gpus=gpu, max_restarts=cfg.rollout.max_restarts)
-            for i in range(engines)]
+                       cpus=shares.rollout_cpus, threads=shares.rollout_threads, gpus=gpu,
+                       max_restarts=cfg.rollout.max_restarts)
+            for i in range(cfg.rollout.num_engines)]
         trainer: TrainerSide = self.spawn("trainer", functools.partial(build_trainer_side, cfg), trainer_pool,
-                                          cpus=trainer_cpus, threads=trainer_threads, gpus=gpu)
+                                          cpus=shares.trainer_cpus, threads=shares.trainer_threads, gpus=gpu)
         processes = [self.handles[-1], *self.handles[:-1]]  # the trainer first, then rollouts in order
         transport = make_transport(default_transport("ray", gpus=bool(gpu)), trainer, rollouts, processes)
         return Workers(trainer, rollouts, transport, self.close)

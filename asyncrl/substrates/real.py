@@ -1,9 +1,10 @@
-"""What the local and Ray substrates share: loading the model, tokenizer and data in the driver,
-and how many cores each side of a run gets."""
+"""What the local, processes and Ray substrates share: loading the model, tokenizer and data in
+the driver, and how many cores each side of a run (and each worker process) gets."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -31,6 +32,27 @@ def side_cpus(cfg: Config) -> tuple[int, int]:
         n = cfg.num_threads or os.cpu_count() or 1
         return n, n
     return cfg.rollout.num_cpus, cfg.trainer.num_cpus
+
+
+@dataclass(frozen=True)
+class WorkerShares:
+    """Per worker process: the cores a scheduler reserves and the torch threads it runs."""
+
+    rollout_cpus: float
+    trainer_cpus: float
+    rollout_threads: int
+    trainer_threads: int
+
+
+def worker_shares(cfg: Config) -> WorkerShares:
+    """Colocated workers take all cores in turn (each reserves a share); decoupled ones split
+    their side's cores between its processes."""
+    rollout_cores, trainer_cores = side_cpus(cfg)
+    engines = cfg.rollout.num_engines
+    if cfg.pipeline == "colocated":
+        share = rollout_cores / (engines + 1)
+        return WorkerShares(share, share, rollout_cores, rollout_cores)
+    return WorkerShares(rollout_cores / engines, float(trainer_cores), max(1, rollout_cores // engines), trainer_cores)
 
 
 def set_threads(n: int) -> None:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from asyncrl.errors import SyncError
 from asyncrl.sync.collective import Collective, broadcast, get_collective, same_on_all_ranks
+from asyncrl.sync.shared import recv_shared, send_shared, shared_channel
 from asyncrl.sync.tensors import WeightMeta, to_dtype, weight_meta
 
 DEFAULT_BUCKET_MB = 64.0
@@ -161,7 +162,11 @@ class BroadcastReceiver:
 
 def send_weights(group_name: str, named: Mapping[str, torch.Tensor],
                  bucket_mb: float = DEFAULT_BUCKET_MB) -> int:
-    """Trainer side of a broadcast sync (rank 0 of `group_name`); the plan is cached."""
+    """Trainer side of a broadcast sync (rank 0 of `group_name`); the plan is cached. A shared
+    buffer of that name (`asyncrl.sync.shared`) takes the weights instead."""
+    channel = shared_channel(group_name)
+    if channel is not None:
+        return send_shared(channel, named)
     group = get_collective(group_name)
     key = ("sender", bucket_mb)
     if key not in group.cache:
@@ -171,7 +176,11 @@ def send_weights(group_name: str, named: Mapping[str, torch.Tensor],
 
 def recv_weights(group_name: str, meta: Sequence[WeightMeta],
                  bucket_mb: float = DEFAULT_BUCKET_MB) -> dict[str, torch.Tensor]:
-    """Rollout side of a broadcast sync: the trainer's tensors, on the group's device."""
+    """Rollout side of a broadcast sync: the trainer's tensors, on the group's device (views of
+    the shared buffer of that name, if this process has one)."""
+    channel = shared_channel(group_name)
+    if channel is not None:
+        return recv_shared(channel)
     group = get_collective(group_name)
     key = ("receiver", bucket_mb)
     if key not in group.cache:

@@ -5,23 +5,26 @@ Every role method (`asyncrl.roles`) is a coroutine, so a pipeline always writes
 - in-process (local, sim): the worker object itself. Coroutines run on the caller's event loop
   (the rollout engine needs that); a method marked `@blocking` runs on the object's own worker
   thread, one call at a time, so a training step overlaps generation instead of blocking the loop;
-- Ray: a `Proxy` whose attribute access sends the call to the actor (`asyncrl.workers.ray_host`),
-  typed by the substrate as the worker class it hosts, so a static check sees the same methods.
+- another process (Ray actor, `asyncrl.workers.ray_host`; spawned process,
+  `asyncrl.workers.process_host`): a `Proxy` whose attribute access sends the call there, typed
+  by the substrate as the worker class it hosts, so a static check sees the same methods. There
+  a `HostedWorker` builds the object and dispatches the calls.
 
-Not here: building workers (`asyncrl.substrates`), the Ray actor itself.
+Not here: building workers (`asyncrl.substrates`), the Ray actor or the process itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import torch
 
-from asyncrl.compute import compute_thread
+from asyncrl.compute import compute_thread, pin_threads, quiet_event_loop
 
 S = TypeVar("S")
 P = ParamSpec("P")
@@ -97,3 +100,41 @@ class Proxy:
 
     def __repr__(self) -> str:
         return f"Proxy({self._caller.name})"
+
+
+class HostedWorker:
+    """One worker object in a host process (Ray actor or spawned process), called by method name.
+
+    All torch work of the process runs on one compute thread (`asyncrl.compute`): the object is
+    built there (a factory taking `compute` gets it) and its `@blocking` methods run there. A
+    factory's exception is re-raised by every call, so it surfaces with its own type."""
+
+    def __init__(self, factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                 num_threads: int) -> None:
+        self.compute = compute_thread(num_threads, "asyncrl-compute")
+        pin_threads(1)
+        self._quiet = False
+        self.obj: Any = None
+        self._init_error: BaseException | None = None
+        if "compute" in inspect.signature(factory).parameters:
+            kwargs = {**kwargs, "compute": self.compute}
+        try:
+            self.obj = self.compute.submit(factory, *args, **kwargs).result()
+            share_worker_thread(self.obj, self.compute)
+        except Exception as err:
+            self._init_error = err
+
+    async def call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
+        """From the host's event loop (which is made quiet on the first call)."""
+        if self._init_error is not None:
+            raise self._init_error
+        if not self._quiet:
+            quiet_event_loop(asyncio.get_running_loop())
+            self._quiet = True
+        result = getattr(self.obj, method)(*args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    async def shutdown(self) -> None:
+        if self.obj is not None:
+            await asyncio.to_thread(close_worker, self.obj)
+        self.compute.shutdown(wait=False)

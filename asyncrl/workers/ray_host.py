@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import os
 import time
 import warnings
@@ -34,9 +33,8 @@ import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from asyncrl.compute import compute_thread, pin_threads, quiet_event_loop
 from asyncrl.errors import ConfigError, WorkerDied
-from asyncrl.workers.handles import close_worker, share_worker_thread
+from asyncrl.workers.handles import HostedWorker
 
 MAX_CONCURRENCY = 1000
 """Calls one actor may have in flight (its async generate calls, mostly)."""
@@ -48,34 +46,15 @@ Placement = tuple[PlacementGroup, int]
 
 
 class _Host:
-    """The generic Ray actor: builds one worker object in its process and dispatches calls."""
+    """The generic Ray actor: one `HostedWorker` in its process."""
 
     def __init__(self, factory: Callable[..., Any], args: tuple[Any, ...],
                  kwargs: dict[str, Any], num_threads: int) -> None:
-        # All torch work of this process runs on one compute thread (asyncrl.compute): the object
-        # is built there (a factory taking `compute` gets it), its `@blocking` methods run there.
-        self._compute = compute_thread(num_threads, "asyncrl-compute")
-        pin_threads(1)
-        self._quiet = False
-        self._obj: Any = None
-        self._init_error: BaseException | None = None
-        if "compute" in inspect.signature(factory).parameters:
-            kwargs = {**kwargs, "compute": self._compute}
-        try:
-            self._obj = self._compute.submit(factory, *args, **kwargs).result()
-            share_worker_thread(self._obj, self._compute)
-        except Exception as err:  # re-raised by every call, so it surfaces with its own type
-            self._init_error = err
+        self._worker = HostedWorker(factory, args, kwargs, num_threads)
 
     async def call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
         # Arguments arrive top-level so Ray resolves ObjectRefs among them before the call.
-        if self._init_error is not None:
-            raise self._init_error
-        if not self._quiet:
-            quiet_event_loop(asyncio.get_running_loop())
-            self._quiet = True
-        result = getattr(self._obj, method)(*args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
+        return await self._worker.call(method, *args, **kwargs)
 
     async def call_tensors(self, method: str, /, *args: Any, **kwargs: Any) -> _TensorPack:
         return _TensorPack(await self.call(method, *args, **kwargs))
@@ -85,9 +64,7 @@ class _Host:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def shutdown(self) -> None:
-        if self._obj is not None:
-            await asyncio.to_thread(close_worker, self._obj)
-        self._compute.shutdown(wait=False)
+        await self._worker.shutdown()
 
 
 class _TensorPack:

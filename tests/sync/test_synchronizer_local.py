@@ -65,10 +65,10 @@ def test_verify_names_the_corrupted_tensor(workers) -> None:
     assert sync.version == 0  # the failed sync published nothing
 
 
-def test_ray_transports_need_ray_processes(workers) -> None:
+def test_cross_process_transports_need_worker_processes(workers) -> None:
     trainer, rollouts = workers
-    for transport in ("object_store", "broadcast"):
-        with pytest.raises(ConfigError, match="ray backend"):
+    for transport in ("object_store", "broadcast", "ipc"):
+        with pytest.raises(ConfigError, match="backend ray or processes"):
             make_transport(transport, trainer, rollouts)
     with pytest.raises(ConfigError, match="one of"):
         make_transport("carrier_pigeon", trainer, rollouts)
@@ -78,3 +78,4 @@ def test_default_transports() -> None:
     assert default_transport("local") == "inprocess"
     assert default_transport("ray") == "object_store"
     assert default_transport("ray", gpus=True) == "broadcast"
+    assert default_transport("processes") == default_transport("processes", gpus=True) == "ipc"

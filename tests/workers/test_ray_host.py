@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import threading
 import time
 
 import pytest
@@ -20,66 +19,16 @@ ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
 from asyncrl.errors import ConfigError, SyncError, WorkerDied  # noqa: E402
-from asyncrl.workers.handles import Proxy, blocking  # noqa: E402
+from asyncrl.workers.handles import Proxy  # noqa: E402
 from asyncrl.workers.ray_host import RayHandle, ResourcePool  # noqa: E402
 from tests.conftest import start_ray  # noqa: E402
+from tests.workers import probes  # noqa: E402
+from tests.workers.probes import Probe, broken_factory  # noqa: E402
 
-# The Ray workers cannot import this test module by name (pytest puts tests/ on sys.path only
-# in this process), so its fakes travel by value.
+# The Ray workers cannot import the test modules by name (pytest puts tests/ on sys.path only
+# in this process), so the fakes travel by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-class Probe:
-    """Reports where and how its methods run."""
-
-    def __init__(self, tag: str = "probe") -> None:
-        self.tag = tag
-        self.closed = False
-
-    async def where_async(self) -> tuple[str, int]:
-        return threading.current_thread().name, torch.get_num_threads()
-
-    @blocking
-    def where_blocking(self) -> tuple[str, int]:
-        return threading.current_thread().name, torch.get_num_threads()
-
-    async def sleep_echo(self, i: int, seconds: float) -> int:
-        await asyncio.sleep(seconds)
-        return i
-
-    @blocking
-    def block(self, seconds: float) -> float:
-        time.sleep(seconds)
-        return time.monotonic()
-
-    async def now(self) -> float:
-        return time.monotonic()
-
-    def fail_plain(self) -> None:
-        raise ValueError("plain failure")
-
-    async def fail_async(self) -> None:
-        raise SyncError("async failure")
-
-    def die(self) -> None:
-        os._exit(1)
-
-    def make_tensors(self) -> dict[str, torch.Tensor]:
-        return {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3),
-                "b": torch.ones(4, dtype=torch.bfloat16)}
-
-    def total(self, named: dict[str, torch.Tensor]) -> float:
-        return float(sum(t.float().sum() for t in named.values()))
-
-    def echo(self, value: object) -> object:
-        return value
-
-    async def echo_kwargs(self, **kwargs: object) -> dict[str, object]:
-        return kwargs
-
-
-def broken_factory() -> Probe:
-    raise ConfigError("factory failed: set model.path")
+ray.cloudpickle.register_pickle_by_value(probes)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,36 @@
+"""backend=processes: the trainer and the rollout worker in spawned processes, weights through
+one shared buffer (transport "ipc"), every sync verified bit for bit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from asyncrl.pipelines import pipeline_module
+from asyncrl.sync.transports import SharedBufferTransport
+from tests.pipelines.helpers import make_context, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("pipeline, dtype", [("one_step_off", "float32"), ("fully_async", "bfloat16"),
+                                             ("colocated", "float32")])
+def test_pipelines_run_in_processes_with_verified_shared_buffer_syncs(tiny_cache, tmp_path, pipeline, dtype):
+    ctx = make_context(tmp_path, "backend=processes", f"pipeline={pipeline}", f"model.dtype={dtype}",
+                       "trainer.total_training_steps=3", "trainer.test_freq=0", "trainer.val_before_train=false",
+                       "rollout.num_cpus=1", "trainer.num_cpus=1")
+    ctx.synchronizer.verify = True
+    assert isinstance(ctx.synchronizer.transport, SharedBufferTransport)
+
+    async def main():
+        pids = {await ctx.trainer._caller.pid(), await ctx.rollout.workers[0]._caller.pid()}  # Proxy -> handle
+        await pipeline_module(pipeline).run(ctx)
+        return pids
+
+    pids = asyncio.run(main())
+    assert len(pids) == 2 and os.getpid() not in pids
+    steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "timing_s/step" in r]
+    assert len(steps) >= 3 and ctx.synchronizer.transfers >= 2
+    assert steps[-1]["sync/verify_s"] > 0
