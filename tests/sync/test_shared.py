@@ -50,12 +50,13 @@ def test_a_channel_lays_out_one_buffer_per_dtype_and_round_trips() -> None:
     assert shared_channel("t-send") is None
 
 
-def test_ipc_syncs_weights_between_processes_bit_for_bit() -> None:
-    trainer_host = ProcessHandle("trainer", TrainerProbe)
-    rollout_hosts = [ProcessHandle(f"rollout worker {i}", rollout_probe) for i in range(2)]
+def test_ipc_syncs_weights_between_processes_bit_for_bit(device: str = "cpu") -> None:
+    """Also run on CUDA by tests/gpu/test_cuda_ipc.py."""
+    trainer_host = ProcessHandle("trainer", TrainerProbe, device)
+    rollout_hosts = [ProcessHandle(f"rollout worker {i}", rollout_probe, device) for i in range(2)]
     trainer, rollouts = Proxy(trainer_host), [Proxy(h) for h in rollout_hosts]
-    sync = ParameterSynchronizer(trainer, rollouts, make_transport("ipc", trainer, rollouts,
-                                                                   [trainer_host, *rollout_hosts]), verify=True)
+    transport = make_transport("ipc", trainer, rollouts, [trainer_host, *rollout_hosts], device=device)
+    sync = ParameterSynchronizer(trainer, rollouts, transport, verify=True)
 
     async def main():
         await sync.setup()

@@ -83,18 +83,18 @@ def broken_factory() -> Probe:
 
 
 class SmallModel(torch.nn.Module):
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, device: str = "cpu") -> None:
         super().__init__()
         torch.manual_seed(seed)
-        self.proj = torch.nn.Linear(8, 4)
-        self.table = torch.nn.Parameter(torch.randn(3, 5).to(torch.bfloat16))
+        self.proj = torch.nn.Linear(8, 4, device=device)
+        self.table = torch.nn.Parameter(torch.randn(3, 5).to(device, torch.bfloat16))
 
 
 class TrainerProbe(TrainerWeights):
     """A trainer's weight half over a small model with float32 and bf16 tensors."""
 
-    def __init__(self) -> None:
-        super().__init__(SmallModel(seed=1))
+    def __init__(self, device: str = "cpu") -> None:
+        super().__init__(SmallModel(seed=1, device=device))
 
     async def perturb(self) -> None:
         with torch.no_grad():
@@ -102,5 +102,5 @@ class TrainerProbe(TrainerWeights):
                 p.add_(1)
 
 
-def rollout_probe() -> RolloutWeights:
-    return RolloutWeights(SmallModel(seed=2))
+def rollout_probe(device: str = "cpu") -> RolloutWeights:
+    return RolloutWeights(SmallModel(seed=2, device=device))
