@@ -12,6 +12,14 @@ model loading excluded), samples/s = trained responses / that time.
     PYTHONPATH=. python bench/pipelines.py            # writes bench/results/pipelines.json
                                                       # and the table in docs/benchmarks.md
 The scores are not a learning result: the tiny model was never taught this task.
+
+`--gpu`: the same comparison on one GPU (`trainer.device=cuda`, `model.dtype=bfloat16`) with a
+Qwen2-0.5B-shaped body (24 layers, hidden 896, q/k/v biases, random weights, the tiny model's
+tokenizer and vocabulary, saved once under --runs-dir; a Llama config, since transformers
+replaces a character tokenizer saved beside a qwen2 one): colocated in one process, one-step-off and fully async
+as two processes sharing the GPU (`backend=processes`, weights by CUDA IPC). Writes
+bench/results/pipelines_gpu.json; `bench/sim_vs_measured.py --gpu` predicts the decoupled runs
+from the colocated one.
 """
 
 from __future__ import annotations
@@ -38,6 +46,36 @@ CONFIGS: dict[str, list[str]] = {
     "fully_async (d) partial 0.5": ["pipeline=fully_async", "async_training.staleness_threshold=0.5",
                                     "async_training.partial_rollout=true", *DECOUPLED],
 }
+
+
+ON_GPU = ["trainer.device=cuda", "model.dtype=bfloat16", "rollout.max_num_seqs=256", "rollout.kv_budget_tokens=1048576"]
+GPU_CONFIGS: dict[str, list[str]] = {
+    "colocated": ["pipeline=colocated", "backend=local"],
+    "one_step_off": ["pipeline=one_step_off", "backend=processes"],
+    "fully_async (c) stale 0.5": ["pipeline=fully_async", "backend=processes",
+                                  "async_training.staleness_threshold=0.5"],
+    "fully_async (d) partial 0.5": ["pipeline=fully_async", "backend=processes",
+                                    "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true"],
+}
+QWEN_BODY = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, tie_word_embeddings=True, attention_bias=True, rope_theta=1e6)
+
+
+def qwen_body(root: Path) -> Path:
+    """A Qwen2-0.5B-shaped model over the tiny model's tokenizer (random weights), saved once."""
+    path = root / "qwen05b-body"
+    if (path / "config.json").exists():
+        return path
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from asyncrl.models.tiny import load_tiny
+
+    _, tok = load_tiny(log=print)
+    config = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, **QWEN_BODY)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
 
 
 def common(args: argparse.Namespace) -> list[str]:
@@ -91,15 +129,19 @@ def main() -> None:
     p.add_argument("--max-len", type=int, default=256)
     p.add_argument("--micro-tokens", type=int, default=8192)
     p.add_argument("--only", default="", help="comma-separated config names (default: all)")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "pipelines.json"))
+    p.add_argument("--out", default="", help="default: bench/results/pipelines.json (--gpu: pipelines_gpu.json)")
     p.add_argument("--runs-dir", default="", help="keep each run's outputs here (default: a temp dir)")
+    p.add_argument("--gpu", action="store_true", help="one GPU, a Qwen2-0.5B-shaped body (see above)")
     args = p.parse_args()
-    names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
+    args.out = args.out or str(ROOT / "bench" / "results" / ("pipelines_gpu.json" if args.gpu else "pipelines.json"))
+    configs = GPU_CONFIGS if args.gpu else CONFIGS
+    names = [n for n in configs if not args.only or n in args.only.split(",")]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.runs_dir or tmp)
+        device = [*ON_GPU, f"model.path={qwen_body(root)}"] if args.gpu else []
         for i, name in enumerate(names):
-            overrides = [*common(args), *CONFIGS[name]]
+            overrides = [*common(args), *device, *configs[name]]
             shutil.rmtree(root / str(i), ignore_errors=True)  # a fresh run, not a resume
             out = root / str(i)
             results.append(run(name, overrides, out) | {"overrides": overrides, "run_dir": str(out)})

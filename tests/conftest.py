@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,10 +57,12 @@ def no_network():
 
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory):
-    """The tiny model, built and warmed up once per test run into a temporary cache."""
+    """The tiny model, built and warmed up once per test run into a temporary cache, or once for
+    good into $ASYNCRL_TEST_CACHE where that is set (a GPU session carries it: no rebuild there)."""
     from asyncrl.models.tiny import load_tiny
 
-    cache = tmp_path_factory.mktemp("asyncrl-cache")
+    cache = Path(os.environ["ASYNCRL_TEST_CACHE"]) if os.environ.get("ASYNCRL_TEST_CACHE") else \
+        tmp_path_factory.mktemp("asyncrl-cache")
     old = os.environ.get("ASYNCRL_CACHE")
     os.environ["ASYNCRL_CACHE"] = str(cache)
     load_tiny(cache, log=lambda _: None)
