@@ -249,7 +249,8 @@ VALUE_RULES: dict[str, tuple[str, ...]] = {
              "rollout.num_engines", "rollout.tensor_model_parallel_size", "rollout.nnodes", "rollout.num_cpus",
              "actor.ppo_epochs", "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_tokens", "critic.ppo_epochs",
              "algorithm.kl_ctrl.horizon", "reward.num_workers", "trainer.total_training_steps", "trainer.nnodes",
-             "trainer.num_cpus", "async_training.require_batches", "async_training.trigger_parameter_sync_step",
+             "trainer.num_cpus", "trainer.ranks", "async_training.require_batches",
+             "async_training.trigger_parameter_sync_step",
              "sim.prompt_length", "sandbox.memory_mb", "sandbox.tmp_mb", "sandbox.max_output_kb",
              "sandbox.max_processes", "tp_planner.calm_steps", "tp_planner.max_tp",
              "tail_batching.prompt_speculation", "tail_batching.response_speculation"),
@@ -405,6 +406,9 @@ def _batch_rules(cfg: Config) -> None:
 
 def _restart_rules(cfg: Config) -> None:
     r = cfg.rollout
+    if cfg.trainer.ranks > 1 and cfg.backend != "processes":
+        raise ConfigError(f"trainer.ranks={cfg.trainer.ranks} needs backend=processes (each rank its own process); "
+                          "set backend=processes or trainer.ranks=1")
     if r.max_restarts and (cfg.backend != "ray" or r.num_engines < 2 or cfg.trainer.device != "cpu"):
         raise ConfigError(f"rollout.max_restarts={r.max_restarts} needs backend=ray, rollout.num_engines >= 2 (the "
                           "others carry the work while a restarted worker waits for the next weight sync) and "

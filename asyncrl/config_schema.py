@@ -249,6 +249,8 @@ class TrainerConfig:
     """CPU cores given to training in decoupled pipelines (torch threads of its compute thread)."""
     device: str = "cpu"
     """cpu | cuda."""
+    ranks: int = 1
+    """backend=processes: trainer processes training one model with FSDP2 (rank r on GPU r with cuda; gloo on CPU)."""
 
 
 @dataclass(frozen=True)

@@ -7,30 +7,74 @@ the trainer's process is capped at the rest (`torch.cuda.set_per_process_memory_
 weights move through one buffer shared by CUDA IPC (transport "ipc"). On a CPU the buffer is
 shared memory, and each process runs its side's torch threads, as under Ray.
 
+`trainer.ranks` > 1: the trainer is that many processes, one process group (NCCL, rank r alone on
+GPU r; gloo on CPU) in which the actor shards itself with FSDP2 (`asyncrl.training.fsdp`). The
+pipeline sees them as one trainer (`RankGroup`): every call goes to every rank, in the same order
+on each, so their collectives pair up, and rank 0 answers; rank 0 holds the shared weight buffer.
+
 Each process builds its own model (`asyncrl.workers.factory`); calls reach it through
 `ProcessHandle`. Not here: several machines, restarts, placement (use `backend=ray`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from typing import cast
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 
 from asyncrl.config_schema import Config
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.substrates import Log, RunData, Workers
 from asyncrl.substrates.real import load_real_data, set_threads, worker_shares
+from asyncrl.sync.collective import free_port
 from asyncrl.sync.transports import default_transport, make_transport
 from asyncrl.workers.factory import build_rollout_server, build_trainer_side
 from asyncrl.workers.handles import Proxy
 from asyncrl.workers.process_host import ProcessHandle
 
 
-def cap_gpu_memory(fraction: float) -> None:
-    """In a worker process: use at most `fraction` of the GPU's memory."""
-    torch.cuda.set_per_process_memory_fraction(fraction)
+def trainer_setup(rank: int, ranks: int, cuda: bool, memory_fraction: float) -> None:
+    """In a trainer process, before anything touches CUDA: several ranks see one GPU each; the
+    one sharing a GPU with the engine uses at most `memory_fraction` of it."""
+    if cuda and ranks > 1:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    if cuda and memory_fraction < 1.0:
+        torch.cuda.set_per_process_memory_fraction(memory_fraction)
+
+
+def trainer_rank(cfg: Config, rank: int, port: int, compute: ThreadPoolExecutor | None = None) -> TrainerSide:
+    """Join the trainer's process group as `rank` (none for a single rank), then build the trainer
+    side: its actor shards itself in the group."""
+    if cfg.trainer.ranks > 1:
+        backend = "nccl" if cfg.trainer.device == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=cfg.trainer.ranks)
+    return build_trainer_side(cfg, compute=compute)
+
+
+class RankGroup:
+    """The trainer's ranks as one worker (`Proxy(RankGroup(...))`): each call is sent to every
+    rank in turn, so all ranks see the calls in the same order, and rank 0's answer is returned."""
+
+    name = "trainer"
+
+    def __init__(self, ranks: list[ProcessHandle]) -> None:
+        self.ranks = ranks
+
+    async def call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
+        return (await asyncio.gather(*(r.call(method, *args, **kwargs) for r in self.ranks)))[0]
+
+    async def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        return await self.ranks[0].run(fn, *args, **kwargs)
+
+    async def pid(self) -> int:
+        return await self.ranks[0].pid()
 
 
 class ProcessSubstrate:
@@ -45,21 +89,22 @@ class ProcessSubstrate:
 
     def build_workers(self, cfg: Config, log: Log) -> Workers:
         shares = worker_shares(cfg)
-        cuda = cfg.trainer.device == "cuda"
-        trainer_setup = None
-        if cuda and cfg.pipeline != "colocated":  # the engine keeps its fraction, the trainer the rest
-            trainer_setup = functools.partial(cap_gpu_memory, 1.0 - cfg.rollout.gpu_memory_utilization)
-        trainer_handle = ProcessHandle("trainer", functools.partial(build_trainer_side, cfg),
-                                       num_threads=shares.trainer_threads, setup=trainer_setup)
+        cuda, ranks, port = cfg.trainer.device == "cuda", cfg.trainer.ranks, free_port()
+        shared = 1.0 - cfg.rollout.gpu_memory_utilization if cfg.pipeline != "colocated" else 1.0
+        trainer_handles = [  # rank 0 shares GPU 0 with the engine: it keeps the engine's fraction free
+            ProcessHandle("trainer" if ranks == 1 else f"trainer rank {r}",
+                          functools.partial(trainer_rank, cfg, r, port), num_threads=shares.trainer_threads,
+                          setup=functools.partial(trainer_setup, r, ranks, cuda, shared if r == 0 else 1.0))
+            for r in range(ranks)]
         rollout_handles = [ProcessHandle(f"rollout worker {i}", functools.partial(build_rollout_server, cfg, i),
                                          num_threads=shares.rollout_threads)
                            for i in range(cfg.rollout.num_engines)]
-        self.handles = [trainer_handle, *rollout_handles]
-        trainer = cast(TrainerSide, Proxy(trainer_handle))
+        self.handles = [*trainer_handles, *rollout_handles]
+        trainer = cast(TrainerSide, Proxy(RankGroup(trainer_handles) if ranks > 1 else trainer_handles[0]))
         rollouts = [cast(RolloutSide, Proxy(h)) for h in rollout_handles]
-        transport = make_transport(default_transport("processes"), trainer, rollouts, self.handles,
-                                   device=cfg.trainer.device)
-        log(f"backend=processes: trainer and {len(rollouts)} rollout worker(s) in their own processes")
+        transport = make_transport(default_transport("processes"), trainer, rollouts,
+                                   [trainer_handles[0], *rollout_handles], device=cfg.trainer.device)
+        log(f"backend=processes: {ranks} trainer and {len(rollouts)} rollout process(es)")
         return Workers(trainer, rollouts, transport, self.close)
 
     def close(self) -> None:

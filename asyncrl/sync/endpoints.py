@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from asyncrl.models.weights import load_into
@@ -41,7 +42,13 @@ class TrainerWeights:
         return await asyncio.to_thread(lambda: checksum(self._export()))
 
     async def broadcast_weights(self, group_name: str, bucket_mb: float = DEFAULT_BUCKET_MB) -> int:
-        return await asyncio.to_thread(lambda: send_weights(group_name, self._export(), bucket_mb))
+        return await asyncio.to_thread(self._send, group_name, bucket_mb)
+
+    def _send(self, group_name: str, bucket_mb: float) -> int:
+        named = self._export()  # a sharded trainer's ranks all gather the full tensors ...
+        if dist.is_initialized() and dist.get_rank() > 0:
+            return 0  # ... and rank 0 sends them
+        return send_weights(group_name, named, bucket_mb)
 
 
 class RolloutWeights:

@@ -4,12 +4,16 @@ one shared buffer (transport "ipc"), every sync verified bit for bit."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 
 import pytest
 
+from asyncrl.config import load_config
+from asyncrl.errors import ConfigError
 from asyncrl.pipelines import pipeline_module
 from asyncrl.sync.transports import SharedBufferTransport
+from asyncrl.training import fsdp
 from tests.pipelines.helpers import make_context, read_jsonl
 
 pytestmark = pytest.mark.slow
@@ -34,3 +38,29 @@ def test_pipelines_run_in_processes_with_verified_shared_buffer_syncs(tiny_cache
     steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "timing_s/step" in r]
     assert len(steps) >= 3 and ctx.synchronizer.transfers >= 2
     assert steps[-1]["sync/verify_s"] > 0
+
+
+def test_a_sharded_trainer_of_two_ranks_trains_in_a_pipeline(tiny_cache, tmp_path):
+    """trainer.ranks=2: two trainer processes in one gloo group, the actor sharded by FSDP2 across
+    them; rank 0 fills the shared buffer with the full tensors both gathered."""
+    ctx = make_context(tmp_path, "backend=processes", "pipeline=one_step_off", "trainer.ranks=2",
+                       "trainer.total_training_steps=3", "trainer.test_freq=0", "trainer.val_before_train=false",
+                       "rollout.num_cpus=1", "trainer.num_cpus=1")
+    ctx.synchronizer.verify = True
+    group = ctx.trainer._caller  # Proxy -> RankGroup
+
+    async def main():
+        worlds = [await rank.run(fsdp.world) for rank in group.ranks]
+        await pipeline_module("one_step_off").run(ctx)
+        return worlds
+
+    assert asyncio.run(main()) == [(0, 2), (1, 2)]
+    steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "timing_s/step" in r]
+    assert len(steps) == 3 and ctx.synchronizer.transfers >= 2
+    assert all(math.isfinite(r["actor/pg_loss"]) for r in steps)
+    assert len(list(tmp_path.glob("**/actor_state.pt"))) == 1  # rank 0 wrote the full state, once
+
+
+def test_trainer_ranks_need_the_processes_backend():
+    with pytest.raises(ConfigError, match="trainer.ranks=2 needs backend=processes"):
+        load_config(None, ["trainer.ranks=2"])
