@@ -14,7 +14,7 @@ Failure semantics, as `RayHandle`'s: an exception raised by a worker method (or 
 comes out of `await handle.call(...)` with its own type, the remote traceback chained as its
 cause. A process that dies fails every call in flight, and every later one, with `WorkerDied`
 naming the role. A served process exits when its pipe closes, so if the driver dies, its
-workers go with it.
+workers go with it; signals sent to the driver's process group do not reach them.
 
 Not here: restarts, several machines, placement (use Ray for those); which threads a process
 runs (the substrate says).
@@ -182,7 +182,11 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
 
 def _serve(conn: Connection, setup: Callable[[], None] | None, factory: Callable[..., Any],
            args: tuple[Any, ...], kwargs: dict[str, Any], num_threads: int) -> None:
-    """The process's main: serve calls until told to shut down or the pipe closes, then exit."""
+    """The process's main: serve calls until told to shut down or the pipe closes, then exit.
+
+    In a session of its own, so a terminal's Ctrl-C or a `timeout` reaches the driver alone,
+    which stops the run in order (finishes the update, checkpoints) and then closes its workers."""
+    os.setsid()
     if setup is not None:
         setup()
     asyncio.run(_Server(conn).serve(HostedWorker(factory, args, kwargs, num_threads)))

@@ -26,12 +26,12 @@ RUN = ["pipeline=fully_async", "trainer.val_before_train=false", "trainer.test_f
        "trainer.logger=[jsonl]", "num_threads=1"]
 
 
-def start(out: Path, *extra: str) -> subprocess.Popen[bytes]:
+def start(out: Path, *extra: str, new_session: bool = False) -> subprocess.Popen[bytes]:
     out.mkdir(parents=True, exist_ok=True)
     log = (out.parent / "train.log").open("wb")
     return subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "train", *RUN, f"trainer.output_dir={out}",
                              "rollout.total_rollout_steps=4000", *extra],
-                            stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+                            stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(), start_new_session=new_session)
 
 
 def output(out: Path) -> str:
@@ -51,10 +51,10 @@ def steps_logged(out: Path) -> int:
     return len(read_jsonl(out / "metrics.jsonl")) if (out / "metrics.jsonl").exists() else 0
 
 
-def finish_and_check(out: Path) -> None:
+def finish_and_check(out: Path, *extra: str) -> None:
     """Resume (trained so far + 16 prompts) and check that each prompt was trained once."""
     trained = load_checkpoint_state(latest_checkpoint(out))["trained"]
-    run_pipeline(out, *RUN, f"rollout.total_rollout_steps={trained + 16}")
+    run_pipeline(out, *RUN, *extra, f"rollout.total_rollout_steps={trained + 16}")
     prompts = Counter(s["prompt"] for s in read_jsonl(out / "samples.jsonl"))
     assert sum(prompts.values()) == trained + 16 and max(prompts.values()) == 1
 
@@ -71,6 +71,23 @@ def test_sigterm_checkpoints_the_last_update_and_exits_143(tiny_cache, tmp_path)
     state = load_checkpoint_state(latest_checkpoint(out))
     assert state["step"] >= 3 and len(read_jsonl(out / "samples.jsonl")) == state["trained"]
     finish_and_check(out)
+
+
+def test_ctrl_c_to_the_whole_group_stops_a_processes_run_in_order(tiny_cache, tmp_path):
+    """A terminal's Ctrl-C signals every process of its group: the workers of backend=processes
+    live in sessions of their own, so only the driver sees it and stops as with SIGTERM."""
+    out = tmp_path / "run"
+    processes = ("backend=processes", "rollout.num_cpus=1", "trainer.num_cpus=1")
+    proc = start(out, *processes, new_session=True)
+    wait_for(lambda: steps_logged(out) >= 2, proc, out)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    err = output(out)
+    assert proc.returncode == 130, err[-2000:]
+    assert "stopped by SIGINT" in err and "Traceback" not in err and "died" not in err
+    state = load_checkpoint_state(latest_checkpoint(out))
+    assert state["step"] >= 2 and len(read_jsonl(out / "samples.jsonl")) == state["trained"]
+    finish_and_check(out, *processes)
 
 
 def test_sigkill_loses_only_the_work_since_the_last_checkpoint(tiny_cache, tmp_path):

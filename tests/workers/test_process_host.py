@@ -74,8 +74,10 @@ def test_tensors_travel_by_value_bit_exact(probe: ProcessHandle) -> None:
     assert run(probe.call("total", got)) == 19.0
 
 
-def test_run_executes_in_the_worker_process(probe: ProcessHandle) -> None:
-    assert run(probe.pid()) != os.getpid()
+def test_run_executes_in_the_worker_process_in_its_own_session(probe: ProcessHandle) -> None:
+    pid = run(probe.pid())
+    assert pid != os.getpid()
+    assert os.getsid(pid) == pid != os.getsid(0)  # a Ctrl-C to the driver's group does not reach it
     assert run(probe.run(sum, [1, 2, 3])) == 6
 
 
