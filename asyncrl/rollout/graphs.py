@@ -28,6 +28,8 @@ Not here: sampling (eager, after the logits), prefill (eager: its shapes vary), 
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Sequence
 
 import torch
@@ -72,8 +74,10 @@ class BucketedDecode:
         self.capture = capture
         self.captures = 0
         """Graphs captured so far (a key is captured again after the cache's buffers change)."""
-        self.keys_run: list[tuple[int, int]] = []
-        """(bucket, attention length) of every step, in order (tests read it)."""
+        self.capture_s = 0.0
+        """Wall time spent capturing them (warm-up run included)."""
+        self.steps: Counter[tuple[int, int]] = Counter()
+        """Decode steps per (bucket, attention length) key, keys in the order first run."""
         device = cache.device
         self._inputs = torch.zeros(max_rows, 2, dtype=torch.int64, device=device)  # (rows, token|position)
         self._logits = torch.zeros(max_rows, forward.vocab_size, dtype=torch.float32, device=device)
@@ -91,7 +95,7 @@ class BucketedDecode:
         host[:b, 1] = torch.tensor(positions, dtype=torch.int64)
         copy_from_host(self._inputs[:size], host)
         key = (size, length)
-        self.keys_run.append(key)
+        self.steps[key] += 1
         if not self.capture:
             self._run(size, length)
             return self._logits[:b]
@@ -108,6 +112,7 @@ class BucketedDecode:
     def _capture(self, size: int, length: int) -> torch.cuda.CUDAGraph:
         """Warm up on a side stream (as torch requires before capture), then capture. Both runs
         compute this step's real inputs, so their K/V writes are the ones the step makes."""
+        start = time.perf_counter()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -118,4 +123,5 @@ class BucketedDecode:
             self._run(size, length)
         self._graphs[(size, length)] = graph, self.cache.generation
         self.captures += 1
+        self.capture_s += time.perf_counter() - start
         return graph

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import Counter
 
 import pytest
 import torch
@@ -43,8 +44,9 @@ def long_requests(temperature: float) -> list:
     return [request(f"long{i}", prompt(9 + 2 * i, seed=i), 300 - 10 * i, temperature, seed=i) for i in range(3)]
 
 
-def lengths_by_step(keys: list[tuple[int, int]]) -> list[int]:
-    return [length for _, length in keys]
+def lengths_first_seen(steps: Counter[tuple[int, int]]) -> list[int]:
+    """The attention length of each (bucket, length) key, in the order the keys were first run."""
+    return [length for _, length in steps]
 
 
 @pytest.mark.parametrize("arch, temperature", [("llama", 0.0), ("qwen3", 0.9)])
@@ -57,9 +59,11 @@ def test_the_attention_length_key_follows_the_rows_and_equals_dynamic(arch, temp
     assert [o.response_ids for o in got] == [o.response_ids for o in want]
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
-    lengths = lengths_by_step(eng._runner.graphs.keys_run)
+    lengths = lengths_first_seen(eng._runner.graphs.steps)
     # the growing CPU cache starts at 64 positions, then 128 is the floor; 512 once past 256
     assert lengths == sorted(lengths) and set(lengths) == {64, 128, 256, 512}
+    # the longest row (9 + 300 tokens) decodes 299 times: one step per token after the prefill's
+    assert sum(eng._runner.graphs.steps.values()) == 299
     eng.close()
 
 
@@ -75,8 +79,8 @@ def test_a_sized_cache_caps_the_attention_length_at_its_capacity(monkeypatch):
     assert [o.response_ids for o in got] == [o.response_ids for o in want]
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
-    keys = eng._runner.graphs.keys_run
-    assert set(lengths_by_step(keys)) == {128, 256, 310}
+    keys = eng._runner.graphs.steps
+    assert set(lengths_first_seen(keys)) == {128, 256, 310}
     assert {size for size, _ in keys} == {4, 2, 1}  # 3 rows pad to 4, then 2, then 1
     assert eng._runner.cache.capacity == 310
     eng.close()
@@ -93,7 +97,7 @@ def test_static_decode_equals_dynamic(arch, temperature):
     assert [o.response_ids for o in got] == [o.response_ids for o in want]
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
-    assert {1, 2, 4, 8} <= {size for size, _ in eng._runner.graphs.keys_run}  # padded rows in every bucket but 1
+    assert {1, 2, 4, 8} <= {size for size, _ in eng._runner.graphs.steps}  # padded rows in every bucket but 1
     eng.close()
 
 

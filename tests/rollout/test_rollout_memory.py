@@ -100,7 +100,7 @@ def test_a_sized_cache_is_allocated_once_and_equals_the_dynamic_engine(monkeypat
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
     assert cache.generation == 1  # never reallocated
-    assert {length for _, length in eng._runner.graphs.keys_run} == {64}  # min(128, capacity)
+    assert {length for _, length in eng._runner.graphs.steps} == {64}  # min(128, capacity)
     eng.close()
 
 
@@ -116,7 +116,7 @@ def test_short_memory_lowers_the_sequences_run_at_once(monkeypatch, caplog):
     assert eng._runner.max_num_seqs == eng._scheduler.max_num_seqs == eng._runner.cache.slots == 3
     got = run_sync(eng, reqs)
     assert [o.response_ids for o in got] == [o.response_ids for o in want]  # seeded rows: batch-independent
-    assert {size for size, _ in eng._runner.graphs.keys_run} <= {1, 2, 3}
+    assert {size for size, _ in eng._runner.graphs.steps} <= {1, 2, 3}
     eng.close()
 
 
