@@ -39,6 +39,7 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -48,10 +49,12 @@ from typing import Any
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from asyncrl.compute import compute_thread, pin_threads
-from asyncrl.rollout import TorchEngine, run_sync
-from asyncrl.rollout.forward import BatchedForward
-from asyncrl.types import GenerationRequest, SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's asyncrl, without PYTHONPATH
+
+from asyncrl.compute import compute_thread, pin_threads  # noqa: E402
+from asyncrl.rollout import TorchEngine, run_sync  # noqa: E402
+from asyncrl.rollout.forward import BatchedForward  # noqa: E402
+from asyncrl.types import GenerationRequest, SamplingParams  # noqa: E402
 
 MODELS: dict[str, dict[str, Any]] = {
     "qwen2-0.5b": dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
@@ -257,6 +260,7 @@ def main() -> None:
     meta = dict(torch=torch.__version__, python=platform.python_version(), cpus=os.cpu_count(),
                 device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
                 date=datetime.date.today().isoformat(), total_s=time.perf_counter() - START,
+                load_average_1min=os.getloadavg()[0],
                 args=vars(args), note=None if device.type == "cuda" else
                 "CPU mode: a small model on a shared, busy 2-core machine; read the ratios, not the numbers")
     out = Path(args.out)
