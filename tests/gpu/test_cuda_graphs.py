@@ -89,7 +89,7 @@ def test_capture_while_another_thread_runs_cuda_work():
         x = torch.randn(256, 256, device="cuda")
         try:
             while not stop.is_set():
-                grown = torch.empty(2**20 + 4096 * (steps[0] % 512), device="cuda")  # new sizes: cudaMalloc
+                grown = torch.empty(2**20 + 4096 * (steps[0] % 512), device="cuda")  # allocations of varying size
                 (x @ x + grown[:1]).sum().item()  # a host read waits for the device
                 steps[0] += 1
         except Exception as error:  # reported below; the thread must not die silently
