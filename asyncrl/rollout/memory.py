@@ -2,18 +2,22 @@
 
 On CUDA with static decode the engine allocates its KV cache once, when it is built:
 `max_num_seqs` slots of `max_model_len` positions each, every layer's K and V. How much of the
-device it may fill is a fraction, vLLM's (and verl's) `gpu_memory_utilization`:
+device it may take is a fraction, vLLM's (and verl's) `gpu_memory_utilization`:
 
-    available = fraction x total - in use - reserve
+    available = min(fraction x total - held by this process, free) - reserve
     slots     = min(max_num_seqs, available // (max_model_len x bytes per token))
 
-"In use" is `total - free` from `cudaMemGetInfo` after `torch.cuda.empty_cache()`: everything
-already on the device, from any process or thread: the engine's own weights, a colocated
-trainer's model, other engines built before this one. So once the cache is allocated the device
-holds at most `fraction x total`; the rest is left to what comes later (a trainer's optimizer
-state, activations). The reserve is `activation_reserve_bytes`: what a step allocates besides
-the cache (an estimate, documented there). Fewer slots than `max_num_seqs` lower how many
-sequences the scheduler runs at once; not even one raises `ConfigError` with the numbers.
+"Held by this process" is what torch's allocator holds on the device after
+`torch.cuda.empty_cache()`: the engine's weights, and in a run with everything in one process
+(`backend=local`) the colocated trainer's model too, so there the fraction bounds both and the
+rest of the device is left to what comes later (the trainer's optimizer state, activations).
+Memory other processes hold (a trainer process capped at `1 - fraction` under
+`backend=processes`, another job) is not charged to this engine's share, but `free`
+(`cudaMemGetInfo`) bounds it: the engine never plans more than is free now. The CUDA context
+(a few hundred MB) is outside torch's allocator and not counted. The reserve is
+`activation_reserve_bytes`: what a step allocates besides the cache (an estimate, documented
+there). Fewer slots than `max_num_seqs` lower how many sequences the scheduler runs at once; not
+even one raises `ConfigError` with the numbers.
 
 `plan_kv_cache` and `activation_reserve_bytes` are pure (tested with injected numbers on the
 CPU); `device_memory` is the one call that reads a device. Not here: allocating the cache
@@ -53,6 +57,15 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
+class DeviceMemory:
+    """Bytes of one device: free (any process), total, held by this process's torch allocator."""
+
+    free: int
+    total: int
+    held: int
+
+
+@dataclass(frozen=True)
 class KVPlan:
     """What the static cache gets: `slots` x `capacity` positions, `kv_bytes` in all."""
 
@@ -60,7 +73,7 @@ class KVPlan:
     capacity: int
     kv_bytes: int
     available_bytes: int
-    """fraction x total - in use - reserve: the most the cache may take."""
+    """min(fraction x total - held, free) - reserve: the most the cache may take."""
 
 
 def activation_reserve_bytes(shape: ModelShape, *, max_num_seqs: int, max_model_len: int,
@@ -91,40 +104,42 @@ def activation_reserve_bytes(shape: ModelShape, *, max_num_seqs: int, max_model_
     return sampling + decode + prefill + SLACK_BYTES
 
 
-def plan_kv_cache(*, free_bytes: int, total_bytes: int, fraction: float, bytes_per_token: int,
-                  max_model_len: int, max_num_seqs: int, reserve_bytes: int) -> KVPlan:
-    """Slots of `max_model_len` positions that fit in `fraction` of the device (module docstring).
+def plan_kv_cache(memory: DeviceMemory, *, fraction: float, bytes_per_token: int, max_model_len: int,
+                  max_num_seqs: int, reserve_bytes: int) -> KVPlan:
+    """Slots of `max_model_len` positions that fit in this engine's share (module docstring).
 
-    Example: total 80 GiB, free 78 GiB (2 GiB in use), fraction 0.5, reserve 1 GiB: 37 GiB
-    available; at 12 KiB per token and max_model_len 2048 (24 MiB a slot) that is 1578 slots,
-    so max_num_seqs=256 keeps all 256 (6 GiB). With fraction 0.05 (4 GiB, 1 GiB available) it
-    gets 42 slots. Raises `ConfigError` naming `rollout.gpu_memory_utilization` when not one
-    slot fits.
+    Example: total 80 GiB, this process holding 2 GiB, 78 GiB free, fraction 0.5, reserve 1 GiB:
+    min(40 - 2, 78) - 1 = 37 GiB; at 12 KiB per token and max_model_len 2048 (24 MiB a slot)
+    that is 1578 slots, so max_num_seqs=256 keeps all 256 (6 GiB). With fraction 0.05 (4 GiB,
+    1 GiB available) it gets 42 slots; with another process holding 60 GiB (18 GiB free), 725.
+    Raises `ConfigError` naming `rollout.gpu_memory_utilization` when not one slot fits.
     """
     assert 0 < fraction <= 1 and bytes_per_token > 0 and max_model_len > 0 and max_num_seqs > 0
-    in_use = total_bytes - free_bytes
-    available = int(fraction * total_bytes) - in_use - reserve_bytes
+    m = memory
+    share = int(fraction * m.total) - m.held
+    available = min(share, m.free) - reserve_bytes
     per_slot = bytes_per_token * max_model_len
     slots = min(max_num_seqs, max(available, 0) // per_slot)
     if slots < 1:
+        fix = "raise rollout.gpu_memory_utilization" if share <= m.free else "free the device (other processes hold it)"
         raise ConfigError(
             f"rollout.gpu_memory_utilization={fraction:g} leaves {_gib(available)} GiB for the KV cache "
-            f"({fraction:g} x {_gib(total_bytes)} GiB total - {_gib(in_use)} GiB in use - "
-            f"{_gib(reserve_bytes)} GiB reserved for activations), less than one sequence of "
-            f"{max_model_len} tokens ({_gib(per_slot)} GiB); raise rollout.gpu_memory_utilization "
-            "or lower data.max_prompt_length + data.max_response_length")
+            f"(min({fraction:g} x {_gib(m.total)} GiB total - {_gib(m.held)} GiB held by this process, "
+            f"{_gib(m.free)} GiB free) - {_gib(reserve_bytes)} GiB reserved for activations), less than "
+            f"one sequence of {max_model_len} tokens ({_gib(per_slot)} GiB); {fix} or lower "
+            "data.max_prompt_length + data.max_response_length")
     return KVPlan(slots=slots, capacity=max_model_len, kv_bytes=slots * per_slot, available_bytes=available)
 
 
-def device_memory(device: torch.device) -> tuple[int, int] | None:
-    """(free, total) bytes of a CUDA device after returning this process's cached blocks to it;
-    None for any other device (the CPU sizes nothing)."""
+def device_memory(device: torch.device) -> DeviceMemory | None:
+    """A CUDA device's memory after returning this process's cached blocks to it; None for any
+    other device (the CPU sizes nothing)."""
     if device.type != "cuda":
         return None
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
-    return int(free), int(total)
+    return DeviceMemory(free=int(free), total=int(total), held=int(torch.cuda.memory_reserved(device)))
 
 
 def _gib(n: int) -> str:

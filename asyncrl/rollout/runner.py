@@ -85,9 +85,8 @@ class StepRunner:
                            forward.num_heads, forward.kv_heads, forward.head_dim)
         reserve = activation_reserve_bytes(shape, max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
                                            max_prefill_tokens=max_prefill_tokens)
-        plan = plan_kv_cache(free_bytes=memory[0], total_bytes=memory[1], fraction=fraction,
-                             bytes_per_token=cache.bytes_per_token, max_model_len=max_model_len,
-                             max_num_seqs=self.max_num_seqs, reserve_bytes=reserve)
+        plan = plan_kv_cache(memory, fraction=fraction, bytes_per_token=cache.bytes_per_token,
+                             max_model_len=max_model_len, max_num_seqs=self.max_num_seqs, reserve_bytes=reserve)
         cache.max_slots = self.max_num_seqs = plan.slots
         cache.allocate(plan.capacity)
         return plan

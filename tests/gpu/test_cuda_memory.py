@@ -1,6 +1,6 @@
 """The KV cache sized from a real device's memory (skipped without a GPU): allocated once at
-engine build, within rollout.gpu_memory_utilization of the device, fewer slots when short (and
-still equal to eager decoding), ConfigError when not one sequence fits."""
+engine build, this process within rollout.gpu_memory_utilization of the device, fewer slots
+when short (and still equal to eager decoding), ConfigError when not one sequence fits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from asyncrl.errors import ConfigError
 from asyncrl.rollout import TorchEngine, run_sync
-from asyncrl.rollout.memory import ModelShape, activation_reserve_bytes
+from asyncrl.rollout.memory import DeviceMemory, ModelShape, activation_reserve_bytes, device_memory
 from tests.rollout.rollout_testlib import EOS, staggered_requests, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -18,25 +18,24 @@ TINY = ModelShape(vocab_size=64, hidden_size=64, intermediate_size=128, num_head
 BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # 2 layers x K,V x 2 heads x 16 x float32
 
 
-def in_use() -> tuple[int, int]:
-    """(bytes in use on the device, total), as the engine measures them."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info()
-    return total - free, total
+def memory() -> DeviceMemory:
+    """What the engine reads: free and total device memory, what this process holds."""
+    found = device_memory(torch.device("cuda"))
+    assert found is not None
+    return found
 
 
 def test_the_cache_is_sized_from_device_memory_and_allocated_once():
     model = tiny_model("qwen2").cuda()
-    used, total = in_use()
-    allocated = torch.cuda.memory_allocated()
+    before, allocated = memory(), torch.cuda.memory_allocated()
     eng = TorchEngine(model, eos_token_id=EOS, device="cuda", max_num_seqs=8, max_model_len=1024)
     plan, cache = eng._runner.kv_plan, eng._runner.cache
     assert plan is not None and (plan.slots, plan.capacity) == (8, 1024)
     assert (cache.slots, cache.capacity) == (8, 1024) and cache.bytes_per_token == BYTES_PER_TOKEN
     assert plan.kv_bytes == 8 * 1024 * BYTES_PER_TOKEN <= torch.cuda.memory_allocated() - allocated
     reserve = activation_reserve_bytes(TINY, max_num_seqs=8, max_model_len=1024, max_prefill_tokens=4096)
-    assert abs(plan.available_bytes - (int(0.5 * total) - used - reserve)) < 16 * MiB
+    want = min(int(0.5 * before.total) - before.held, before.free) - reserve
+    assert abs(plan.available_bytes - want) < 16 * MiB
     reqs = staggered_requests(7)
     want = run_sync(TorchEngine(model, eos_token_id=EOS, device="cuda", static_decode=False), reqs)
     assert [o.response_ids for o in run_sync(eng, reqs)] == [o.response_ids for o in want]
@@ -49,13 +48,12 @@ def test_short_memory_lowers_the_slots_and_stays_within_the_fraction():
     max_model_len = 2**17  # 64 MiB a slot
     per_slot = max_model_len * BYTES_PER_TOKEN
     reserve = activation_reserve_bytes(TINY, max_num_seqs=8, max_model_len=max_model_len, max_prefill_tokens=4096)
-    used, total = in_use()
-    fraction = (used + reserve + 3.5 * per_slot) / total  # room for 3.5 slots
+    before = memory()
+    fraction = (before.held + reserve + 3.5 * per_slot) / before.total  # room for 3.5 slots
     eng = TorchEngine(model, eos_token_id=EOS, device="cuda", max_num_seqs=8, kv_budget_tokens=max_model_len,
                       max_model_len=max_model_len, gpu_memory_utilization=fraction)
     assert eng._runner.max_num_seqs == eng._scheduler.max_num_seqs == eng._runner.cache.slots == 3
-    after, _ = in_use()
-    assert after <= fraction * total - reserve  # the cache took no more than its share
+    assert memory().held <= fraction * before.total - reserve  # the cache took no more than its share
     reqs = staggered_requests(7)
     want = run_sync(TorchEngine(model, eos_token_id=EOS, device="cuda", static_decode=False), reqs)
     assert [o.response_ids for o in run_sync(eng, reqs)] == [o.response_ids for o in want]
@@ -65,6 +63,5 @@ def test_short_memory_lowers_the_slots_and_stays_within_the_fraction():
 
 def test_no_room_for_one_sequence_raises_config_error():
     model = tiny_model("llama").cuda()
-    used, total = in_use()
-    with pytest.raises(ConfigError, match="rollout.gpu_memory_utilization"):
-        TorchEngine(model, eos_token_id=EOS, device="cuda", gpu_memory_utilization=max(used / total / 2, 1e-6))
+    with pytest.raises(ConfigError, match="^rollout.gpu_memory_utilization=1e-06 leaves"):
+        TorchEngine(model, eos_token_id=EOS, device="cuda", gpu_memory_utilization=1e-6)

@@ -16,6 +16,7 @@ import torch
 import asyncrl.rollout.runner as runner_module
 from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.rollout.graphs import attention_length, bucket_sizes
+from asyncrl.rollout.memory import DeviceMemory
 from tests.rollout.rollout_testlib import EOS, prompt, request, staggered_requests, tiny_model, wait_for_tokens
 
 
@@ -70,7 +71,7 @@ def test_the_attention_length_key_follows_the_rows_and_equals_dynamic(arch, temp
 def test_a_sized_cache_caps_the_attention_length_at_its_capacity(monkeypatch):
     """The GPU's fixed cache of max_model_len positions (300, not a power of two): past 256 the
     key is the capacity itself."""
-    monkeypatch.setattr(runner_module, "device_memory", lambda device: (2**40, 2**40))
+    monkeypatch.setattr(runner_module, "device_memory", lambda device: DeviceMemory(free=2**40, total=2**40, held=0))
     model = tiny_model("qwen2")
     reqs = long_requests(0.8)
     want = run_sync(TorchEngine(model, eos_token_id=EOS), reqs)

@@ -13,7 +13,7 @@ import torch
 import asyncrl.rollout.runner as runner_module
 from asyncrl.errors import ConfigError, RolloutError
 from asyncrl.rollout import TorchEngine, run_sync
-from asyncrl.rollout.memory import ModelShape, activation_reserve_bytes, plan_kv_cache
+from asyncrl.rollout.memory import DeviceMemory, ModelShape, activation_reserve_bytes, plan_kv_cache
 from tests.rollout.rollout_testlib import EOS, prompt, request, staggered_requests, tiny_model
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
@@ -28,10 +28,11 @@ TINY_SLOT = 2 * 2 * 2 * 16 * 4 * 64
 """2 layers x K and V x 2 heads x 16 x 4 B per token, 64 positions: 32 KiB."""
 
 
-def plan(**kw: float):
-    args = dict(free_bytes=78 * GiB, total_bytes=80 * GiB, fraction=0.5, bytes_per_token=12 * KiB,
-                max_model_len=2048, max_num_seqs=256, reserve_bytes=1 * GiB)
-    return plan_kv_cache(**{**args, **kw})
+def plan(free: float = 78, held: float = 2, **kw: float):
+    """80 GiB device, `held` GiB by this process, `free` GiB free; 12 KiB a token, 2048 a slot."""
+    args = dict(fraction=0.5, bytes_per_token=12 * KiB, max_model_len=2048, max_num_seqs=256, reserve_bytes=1 * GiB)
+    memory = DeviceMemory(free=int(free * GiB), total=80 * GiB, held=int(held * GiB))
+    return plan_kv_cache(memory, **{**args, **kw})
 
 
 def test_activation_reserve_against_hand_computed_numbers():
@@ -46,37 +47,45 @@ def test_activation_reserve_against_hand_computed_numbers():
     assert longer - TINY_RESERVE == 4096 * 7168 + 8 * 4 * (8192 - 64) * 4
 
 
-def test_plan_fits_fraction_minus_in_use_minus_reserve():
-    # 0.5 x 80 GiB - 2 GiB in use - 1 GiB = 37 GiB; a slot is 12 KiB x 2048 = 24 MiB: 1578 fit
+def test_plan_fits_the_share_minus_what_this_process_holds_minus_reserve():
+    # min(0.5 x 80 - 2, 78) - 1 = 37 GiB; a slot is 12 KiB x 2048 = 24 MiB: 1578 fit
     p = plan(max_num_seqs=4096)
     assert (p.slots, p.capacity, p.available_bytes) == (1578, 2048, 37 * GiB)
     assert p.kv_bytes == 1578 * 24 * MiB
     assert plan().slots == 256  # max_num_seqs caps it
-    assert plan(fraction=0.05).slots == 42  # 4 GiB - 3 GiB = 1 GiB: 42.7 slots
+    assert plan(fraction=0.05).slots == 42  # 4 - 2 - 1 = 1 GiB: 42.7 slots
 
 
-def test_memory_in_use_counts_whoever_holds_it():
-    # a colocated trainer holding 30 GiB leaves 0.5 x 80 - 30 - 1 = 9 GiB: 384 slots
-    assert plan(free_bytes=50 * GiB, max_num_seqs=4096).slots == 384
+def test_this_process_counts_against_the_share_other_processes_only_through_free():
+    # a colocated trainer in this process holding 30 GiB: min(40 - 32, 48) - 1 = 7 GiB, 298 slots
+    assert plan(free=48, held=32, max_num_seqs=4096).slots == 298
+    # a trainer process holding 30 GiB (capped at the other half): the engine keeps its share
+    assert plan(free=48, held=2, max_num_seqs=4096).slots == 1578
+    # another process holding 60 GiB: only what is free, min(38, 18) - 1 = 17 GiB, 725 slots
+    assert plan(free=18, held=2, max_num_seqs=4096).slots == 725
 
 
 def test_no_slot_raises_naming_the_key_and_the_numbers():
     with pytest.raises(ConfigError) as err:
-        plan(free_bytes=40 * GiB)  # 40 - 40 - 1 < 0
+        plan(free=40, held=40)  # min(0, 40) - 1 < 0
     message = str(err.value)
     assert message.startswith("rollout.gpu_memory_utilization=0.5 leaves -1.00 GiB") and "\n" not in message
-    assert "80.00 GiB total - 40.00 GiB in use - 1.00 GiB reserved" in message and "2048 tokens" in message
+    assert "min(0.5 x 80.00 GiB total - 40.00 GiB held by this process, 40.00 GiB free) - 1.00 GiB reserved" \
+        in message and "2048 tokens" in message and "raise rollout.gpu_memory_utilization" in message
+    with pytest.raises(ConfigError, match="free the device"):  # the device is full, the share is not
+        plan(free=0.5)
     with pytest.raises(ConfigError):  # 23 MiB available, a slot needs 24
-        plan(free_bytes=(80 - 39) * GiB + 23 * MiB)
-    assert plan(free_bytes=(80 - 39) * GiB + 24 * MiB).slots == 1
+        plan(held=39 - 23 / 1024)
+    assert plan(held=39 - 24 / 1024).slots == 1
 
 
 def fake_device(monkeypatch, slots: float, fraction: float = 0.5) -> None:
-    """The runner reads (free, total) from this instead of a GPU: room for `slots` slots of the
-    tiny model at max_model_len 64 besides 1 GiB in use and the reserve."""
-    in_use = 1 * GiB
-    total = int((in_use + TINY_RESERVE + slots * TINY_SLOT) / fraction) + 1
-    monkeypatch.setattr(runner_module, "device_memory", lambda device: (total - in_use, total))
+    """The runner reads this instead of a GPU: room for `slots` slots of the tiny model at
+    max_model_len 64 besides 1 GiB this process holds and the reserve."""
+    held = 1 * GiB
+    total = int((held + TINY_RESERVE + slots * TINY_SLOT) / fraction) + 1
+    memory = DeviceMemory(free=total - held, total=total, held=held)
+    monkeypatch.setattr(runner_module, "device_memory", lambda device: memory)
 
 
 def sized_engine(model, **kw) -> TorchEngine:
