@@ -74,7 +74,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     """CUDA: share of the GPU's memory the engine may use (weights + KV cache + activations), as vLLM's."""
     cuda_graphs: bool = True
-    """CUDA: decode replayed from CUDA graphs, one per batch bucket, over a static KV cache of max_num_seqs slots."""
+    """CUDA: decode replayed from CUDA graphs, one per (batch bucket, attention length), over a static KV cache."""
     engine: str = "torch"
     """Rollout engine (asyncrl.rollout.registry): torch = continuous batching in plain torch."""
     num_engines: int = 1

@@ -10,6 +10,8 @@ docs/benchmarks.md and docs/img/*.png):
               (bench/sim_vs_measured.py)
 - peer:       TRL GRPOTrainer vs asyncrl colocated on the default task (bench/trl_peer.py + ours)
 - engine:     TorchEngine vs HF generate (bench/engine.py)
+- gpu_engine: the engine's static (CUDA-graph) path against its decode floor and HF generate,
+              here in its CPU mode (bench/gpu_engine.py --device cpu; on a GPU: --device cuda)
 - sync:       weight sync vs the memory-copy bound (bench/weight_sync.py)
 - calibrate:  the h20-qwen2.5-7b profile vs SPEC §6 (bench/calibrate.py)
 - plan:       a 400-step 128-GPU schedule (speed of the simulator) and every mode compared on it
@@ -61,6 +63,10 @@ def part_peer() -> None:
 
 def part_engine() -> None:
     sh(PY, "bench/engine.py", "--models", "tiny")
+
+
+def part_gpu_engine() -> None:
+    sh(PY, "bench/gpu_engine.py", "--device", "cpu")
 
 
 def part_sync() -> None:
@@ -115,8 +121,8 @@ def part_long_tail_cpu() -> None:
 
 
 PARTS = {"pipelines": part_pipelines, "sim": part_sim, "peer": part_peer, "engine": part_engine,
-         "sync": part_sync, "calibrate": part_calibrate, "plan": part_plan, "sim_speed": part_sim_speed,
-         "faults": part_faults,
+         "gpu_engine": part_gpu_engine, "sync": part_sync, "calibrate": part_calibrate, "plan": part_plan,
+         "sim_speed": part_sim_speed, "faults": part_faults,
          "long_tail_sim": part_long_tail_sim, "long_tail_cpu": part_long_tail_cpu}
 
 

@@ -108,6 +108,7 @@ def test_a_key_the_pipeline_ignores_is_an_error(pipeline, override):
     "algorithm.gamma=1.5", "algorithm.kl_ctrl.kl_coef=-1", "async_training.max_version_lag=-2",
     "async_training.max_concurrent_samples_per_server=-1",
     "rollout.val_temperature=-1", "sim.accuracy=2", "trainer.resume_mode=no/such/run",
+    "rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization=1.5",
 ])
 def test_value_rules_reject_naming_key_value_and_fix(override):
     key, _, value = override.partition("=")
@@ -128,7 +129,7 @@ def test_temperature_zero_points_to_val_temperature():
     "rollout.top_k=-1", "rollout.top_k=5", "rollout.top_p=1", "rollout.val_temperature=0",
     "trainer.max_ckpt_to_keep=0", "async_training.max_version_lag=-1", "trainer.resume_mode=disable",
     "algorithm.gamma=1", "actor.clip_ratio_low=0",
-    "async_training.max_concurrent_samples_per_server=0",
+    "async_training.max_concurrent_samples_per_server=0", "rollout.gpu_memory_utilization=1",
 ])
 def test_value_rules_accept_the_edges(override):
     load_config(None, [override])

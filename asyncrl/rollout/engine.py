@@ -31,6 +31,10 @@ Semantics callers rely on:
 - An engine is bound to one event loop at a time; after that loop ends (e.g. `asyncio.run`
   returns) the next `generate` from a new loop restarts it, with nothing left in flight.
 - Call `generate`/`abort`/`pause`/`resume`/`stats` from the event-loop thread only.
+- On CUDA with static decode the KV cache is allocated when the engine is built: `max_num_seqs`
+  slots of `max_model_len` tokens, within `gpu_memory_utilization` of the device
+  (`asyncrl.rollout.memory`); fewer slots when they do not fit (logged once), `ConfigError` when
+  not one does. A request longer than `max_model_len` raises `RolloutError` from `generate`.
 
 Not here: tokenization, prefix caching, chunked prefill, speculative decoding, tensor parallel.
 """
@@ -80,26 +84,39 @@ class TorchEngine:
         seed: int | None = None,
         forward: ForwardChoice = "auto",
         static_decode: bool | None = None,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.5,
     ) -> None:
+        max_model_len = kv_budget_tokens if max_model_len is None else min(max_model_len, kv_budget_tokens)
         for key, value in (("kv_budget_tokens", kv_budget_tokens), ("max_num_seqs", max_num_seqs),
-                           ("max_prefill_tokens", max_prefill_tokens)):
+                           ("max_prefill_tokens", max_prefill_tokens), ("max_model_len", max_model_len)):
             if value < 1:
                 raise ConfigError(f"{key} must be >= 1, got {value}")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self._eos_ids = tuple(int(t) for t in eos)
         if static_decode is None:  # CUDA graphs where they pay: on GPUs
             static_decode = torch.device(device).type == "cuda"
         self._runner = StepRunner(
             model, max_num_seqs=max_num_seqs, device=device, version=version, seed=seed,
-            forward=forward, static_decode=static_decode,
+            forward=forward, static_decode=static_decode, max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization, max_prefill_tokens=max_prefill_tokens,
         )
         self._vocab_size = self._runner.forward.vocab_size
         if self._runner.fast_path_problem is not None:
             model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
             logger.warning("TorchEngine: model_type %r runs on the %s", model_type,
                            describe(self._runner.forward, self._runner.fast_path_problem))
-        self._scheduler = Scheduler(max_num_seqs, kv_budget_tokens, max_prefill_tokens)
+        kv = self._runner.kv_plan
+        if kv is not None and kv.slots < max_num_seqs:
+            logger.warning("TorchEngine: the KV cache holds %d sequences of %d tokens (%.2f GiB of %.2f "
+                           "available), fewer than max_num_seqs=%d; raise rollout.gpu_memory_utilization "
+                           "to run more at once", kv.slots, kv.capacity, kv.kv_bytes / 2**30,
+                           kv.available_bytes / 2**30, max_num_seqs)
+        self._scheduler = Scheduler(self._runner.max_num_seqs, kv_budget_tokens, max_prefill_tokens)
         self._kv_budget = kv_budget_tokens
+        self._max_model_len = max_model_len
         self._num_threads = num_threads
         self._seqs: dict[str, Sequence] = {}
         self._futures: dict[str, asyncio.Future[Trajectory]] = {}
@@ -245,10 +262,11 @@ class TorchEngine:
         if min(ids) < 0 or max(ids) >= self._vocab_size:
             raise RolloutError(f"request {request.request_id!r} has token ids outside the vocabulary")
         need = len(request.prompt_ids) + request.params.max_tokens
-        if need > self._kv_budget:
+        if need > self._max_model_len:
+            key = "kv_budget_tokens" if self._max_model_len == self._kv_budget else "max_model_len"
             raise RolloutError(
                 f"request {request.request_id!r} needs {need} cached tokens (prompt + max_tokens) "
-                f"but kv_budget_tokens is {self._kv_budget}; raise kv_budget_tokens"
+                f"but {key} is {self._max_model_len}; raise {key}"
             )
 
     def _abort_seq(self, seq: Sequence) -> Trajectory:

@@ -164,6 +164,8 @@ class BatchedForward:
         self.groups = self.num_heads // self.kv_heads
         self.scaling = float(self.layers[0].self_attn.scaling)
         self.vocab_size: int = config.vocab_size
+        self.hidden_size: int = config.hidden_size
+        self.intermediate_size: int = config.intermediate_size
         self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
 
     def new_cache(self, max_slots: int, device: torch.device | str) -> SlotKVCache:
@@ -189,19 +191,23 @@ class BatchedForward:
     def _mlp_residual(self, layer: _DecoderLayer, h: torch.Tensor) -> torch.Tensor:
         return h + layer.mlp(_rms_norm(layer.post_attention_layernorm, h))
 
-    def _logits(self, h_last: torch.Tensor) -> torch.Tensor:
-        """h_last: (B, hidden) pre-norm hidden state of each row's last position."""
-        return self.lm_head(_rms_norm(self.base.norm, h_last)).float()
+    def _logits(self, h_last: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """h_last: (B, hidden) pre-norm hidden state of each row's last position. Into `out`
+        (B, V) float32 when given: the cast and the copy are one kernel."""
+        logits = self.lm_head(_rms_norm(self.base.norm, h_last))
+        return logits.float() if out is None else out.copy_(logits)
 
     def decode(
-        self, cache: SlotKVCache, token_ids: torch.Tensor, positions: torch.Tensor, length: int | None = None
+        self, cache: SlotKVCache, token_ids: torch.Tensor, positions: torch.Tensor, length: int | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One token per row; row i lives in slot i and its token sits at `positions[i]`.
 
-        token_ids, positions: (B,) int64. Returns logits (B, V) in float32. Attention reads the
-        first `length` cached positions (default: up to the furthest row; a fixed length, such as
-        the cache's capacity, keeps every shape static for a CUDA graph and reads no tensor on
-        the host).
+        token_ids, positions: (B,) int64. Returns logits (B, V) in float32, written into `out`
+        when given. Attention reads the first `length` cached positions (default: up to the
+        furthest row, read from the device; a length given by the host, as CUDA graphs need,
+        keeps every shape static and reads no tensor on the host). Every position < `length`
+        must lie inside the cache.
         """
         b = token_ids.shape[0]
         length = int(positions.max()) + 1 if length is None else length
@@ -219,11 +225,11 @@ class BatchedForward:
             values[rows, :, positions] = v[:, 0]
             # Grouped-query trick: the G query heads sharing a KV head become G query rows of
             # that head (same mask), so no repeat_interleave copy of the cache is needed.
-            out = _attend(q.view(b, self.kv_heads, self.groups, self.head_dim),
-                          keys[:b, :, :length], values[:b, :, :length], mask, self.scaling)
-            h = h + layer.self_attn.o_proj(out.reshape(b, 1, self.num_heads * self.head_dim))
+            attended = _attend(q.view(b, self.kv_heads, self.groups, self.head_dim),
+                               keys[:b, :, :length], values[:b, :, :length], mask, self.scaling)
+            h = h + layer.self_attn.o_proj(attended.reshape(b, 1, self.num_heads * self.head_dim))
             h = self._mlp_residual(layer, h)
-        return self._logits(h[:, 0])
+        return self._logits(h[:, 0], out)
 
     def prefill(
         self, cache: SlotKVCache, token_ids: torch.Tensor, lengths: torch.Tensor, first_slot: int

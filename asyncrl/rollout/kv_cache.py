@@ -8,7 +8,8 @@ hole), so a decode step attends over the strided view `[:B, :, :L]` with no gath
 Physical memory is `slots_allocated × capacity` tokens per layer, both rounded up to powers of
 two and shrunk with hysteresis; it is NOT bounded by the scheduler's token budget (a long
 sequence next to many short ones pads the buffer). The token budget (`kv_budget_tokens`) is an
-accounting limit the scheduler enforces on the sum of cached tokens.
+accounting limit the scheduler enforces on the sum of cached tokens. A static cache on a GPU is
+instead allocated once at a size `asyncrl.rollout.memory` computed (`allocate`) and never moves.
 
 This module does no scheduling and no attention; it is touched only by the engine's step thread.
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from asyncrl.rollout.transfer import to_device
 
 
 def _round_up_pow2(n: int, minimum: int) -> int:
@@ -52,6 +55,8 @@ class SlotKVCache:
         self.static = static
         self.generation = 0
         """Bumped whenever the buffers are replaced: what was captured over the old ones is stale."""
+        self.fixed_capacity = 0
+        """Set by `allocate`: every slot of this many positions, allocated once (0: grows)."""
         self.slots = 0
         self.capacity = 0
         self.keys: list[torch.Tensor] = []  # per layer: (slots, kv_heads, capacity, head_dim)
@@ -66,6 +71,11 @@ class SlotKVCache:
         between growths, so CUDA graphs captured over them stay valid).
         """
         assert num_slots <= self.max_slots, (num_slots, self.max_slots)
+        if self.fixed_capacity:
+            assert length <= self.fixed_capacity, (length, self.fixed_capacity)
+            if not self.slots:  # released (engine closing): allocate the same again
+                self.allocate(self.fixed_capacity)
+            return
         if self.static:
             num_slots = self.max_slots
             length = max(length, self.capacity)
@@ -75,6 +85,19 @@ class SlotKVCache:
         shrink = want_slots * 4 <= self.slots or want_cap * 4 <= self.capacity
         if grow or shrink:
             self._reallocate(want_slots, want_cap, keep_slots=num_slots, keep_len=length)
+
+    def allocate(self, capacity: int) -> None:
+        """Allocate all `max_slots` slots of exactly `capacity` positions, once: `reserve` never
+        reallocates afterwards (the sized static cache on a GPU, `asyncrl.rollout.memory`)."""
+        assert self.static, "a fixed allocation is the static cache's"
+        self.fixed_capacity = capacity
+        self._reallocate(self.max_slots, capacity, keep_slots=0, keep_len=0)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one position in every layer."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return self.num_layers * 2 * self.kv_heads * self.head_dim * element
 
     def _reallocate(self, slots: int, capacity: int, *, keep_slots: int, keep_len: int) -> None:
         shape = (slots, self.kv_heads, capacity, self.head_dim)
@@ -108,8 +131,8 @@ class SlotKVCache:
         pairs = [(dst, src) for dst, (src, _) in content.items() if src != dst]
         if not pairs:
             return
-        dsts = torch.tensor([d for d, _ in pairs], device=self.device)
-        srcs = torch.tensor([s for _, s in pairs], device=self.device)
+        index = to_device(torch.tensor(pairs, dtype=torch.int64), self.device)  # (moves, 2): dst, src
+        dsts, srcs = index[:, 0], index[:, 1]
         n = min(max(length for _, length in content.values()), self.capacity)
         for buf in (*self.keys, *self.values):
             buf[dsts, :, :n] = buf[srcs, :, :n]  # the right side is a copy: reads see no write

@@ -17,19 +17,20 @@ from asyncrl import names
 from asyncrl.config_schema import RolloutConfig
 from asyncrl.roles import Engine
 
-EngineBuilder = Callable[[nn.Module, Sequence[int], RolloutConfig, str, int, Executor | None], Engine]
-"""(model, eos token ids, rollout config, device, seed, compute thread or None) -> engine. An
-engine that runs torch in this process runs it on the compute thread when one is given
-(`asyncrl.compute`)."""
+EngineBuilder = Callable[[nn.Module, Sequence[int], RolloutConfig, str, int, Executor | None, int | None], Engine]
+"""(model, eos token ids, rollout config, device, seed, compute thread or None, longest sequence
+(prompt + response tokens) or None = rollout.kv_budget_tokens) -> engine. An engine that runs
+torch in this process runs it on the compute thread when one is given (`asyncrl.compute`)."""
 
 
 def _torch(model: nn.Module, eos_ids: Sequence[int], cfg: RolloutConfig, device: str, seed: int,
-           compute: Executor | None) -> Engine:
+           compute: Executor | None, max_model_len: int | None) -> Engine:
     from asyncrl.rollout.engine import TorchEngine
 
     return TorchEngine(model, eos_token_id=list(eos_ids), kv_budget_tokens=cfg.kv_budget_tokens,
                        max_num_seqs=cfg.max_num_seqs, device=device, seed=seed, executor=compute,
-                       static_decode=cfg.cuda_graphs and torch.device(device).type == "cuda")
+                       static_decode=cfg.cuda_graphs and torch.device(device).type == "cuda",
+                       max_model_len=max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization)
 
 
 ENGINES: dict[str, EngineBuilder] = {"torch": _torch}
@@ -37,6 +38,7 @@ assert tuple(ENGINES) == names.ENGINES, "register the engine's name in asyncrl.n
 
 
 def build_engine(cfg: RolloutConfig, model: nn.Module, eos_ids: Sequence[int], *, device: str,
-                 seed: int, compute: Executor | None = None) -> Engine:
-    """The engine `rollout.engine` names (the config has already checked the name)."""
-    return ENGINES[cfg.engine](model, eos_ids, cfg, device, seed, compute)
+                 seed: int, compute: Executor | None = None, max_model_len: int | None = None) -> Engine:
+    """The engine `rollout.engine` names (the config has already checked the name).
+    `max_model_len`: the longest prompt + response it will be asked for (sizes a GPU's cache)."""
+    return ENGINES[cfg.engine](model, eos_ids, cfg, device, seed, compute, max_model_len)

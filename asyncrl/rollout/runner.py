@@ -3,7 +3,11 @@
 `StepRunner.run` applies the plan's slot moves, sizes the KV cache, runs the batched decode and
 prefill forwards, samples, and returns plain Python lists. It holds `lock` for the whole step;
 `load_weights` takes the same lock, so weights change only between steps whichever thread calls
-it. This module does no scheduling and knows nothing about asyncio or futures.
+it. On CUDA with static decode the KV cache is sized from the device's memory and allocated when
+the runner is built (`asyncrl.rollout.memory`); `max_num_seqs` then says how many sequences fit.
+A step's inputs go to the device without waiting for it (`asyncrl.rollout.transfer`) and its
+results come back in one device-to-host copy, the step's only synchronisation.
+This module does no scheduling and knows nothing about asyncio or futures.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.generic import ForwardChoice, StepCache, StepForward, build_forward
 from asyncrl.rollout.graphs import BucketedDecode
 from asyncrl.rollout.kv_cache import SlotKVCache
+from asyncrl.rollout.memory import KVPlan, ModelShape, activation_reserve_bytes, device_memory, plan_kv_cache
 from asyncrl.rollout.sampler import SamplingBatch, sample
 from asyncrl.rollout.scheduler import StepPlan, StepResult
+from asyncrl.rollout.transfer import to_device
 
 
 class StepRunner:
@@ -37,6 +43,9 @@ class StepRunner:
         seed: int | None,
         forward: ForwardChoice = "auto",
         static_decode: bool = False,
+        max_model_len: int = 32768,
+        gpu_memory_utilization: float = 0.5,
+        max_prefill_tokens: int = 4096,
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -46,11 +55,17 @@ class StepRunner:
         self.forward: StepForward
         self.forward, self.fast_path_problem = build_forward(model, forward)
         self.cache: StepCache = self.forward.new_cache(max_num_seqs, self.device)
+        self.max_num_seqs = max_num_seqs
+        """Sequences a step may hold: fewer than asked when the sized GPU cache has fewer slots."""
+        self.kv_plan: KVPlan | None = None
         self.graphs: BucketedDecode | None = None
         if static_decode and isinstance(self.forward, BatchedForward):  # the generic path stays eager
             assert isinstance(self.cache, SlotKVCache)
             self.cache.static = True
-            self.graphs = BucketedDecode(self.forward, self.cache, max_num_seqs, capture=self.device.type == "cuda")
+            self.kv_plan = self._allocate_static(self.forward, self.cache, max_model_len,
+                                                 gpu_memory_utilization, max_prefill_tokens)
+            self.graphs = BucketedDecode(self.forward, self.cache, self.max_num_seqs,
+                                         capture=self.device.type == "cuda")
         self.lock = threading.Lock()
         self.version = version
         self.generator = torch.Generator()
@@ -58,6 +73,23 @@ class StepRunner:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
+
+    def _allocate_static(self, forward: BatchedForward, cache: SlotKVCache, max_model_len: int,
+                         fraction: float, max_prefill_tokens: int) -> KVPlan | None:
+        """On a GPU: every slot that fits of `max_model_len` positions, allocated now. On the CPU
+        (no device memory to read) None: the static cache grows with the longest row."""
+        memory = device_memory(self.device)
+        if memory is None:
+            return None
+        shape = ModelShape(forward.vocab_size, forward.hidden_size, forward.intermediate_size,
+                           forward.num_heads, forward.kv_heads, forward.head_dim)
+        reserve = activation_reserve_bytes(shape, max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
+                                           max_prefill_tokens=max_prefill_tokens)
+        plan = plan_kv_cache(memory, fraction=fraction, bytes_per_token=cache.bytes_per_token,
+                             max_model_len=max_model_len, max_num_seqs=self.max_num_seqs, reserve_bytes=reserve)
+        cache.max_slots = self.max_num_seqs = plan.slots
+        cache.allocate(plan.capacity)
+        return plan
 
     def run(self, plan: StepPlan) -> StepResult:
         with self.lock, torch.inference_mode():
@@ -79,9 +111,14 @@ class StepRunner:
         if num_decode and self.graphs is not None:
             parts.append(self.graphs(plan.decode_tokens, plan.decode_positions))
         elif num_decode:
-            tokens = torch.tensor(plan.decode_tokens, dtype=torch.int64, device=self.device)
-            positions = torch.tensor(plan.decode_positions, dtype=torch.int64, device=self.device)
-            parts.append(self.forward.decode(self.cache, tokens, positions))
+            host = torch.tensor((plan.decode_tokens, plan.decode_positions), dtype=torch.int64)
+            tokens, positions = to_device(host, self.device)
+            if isinstance(self.forward, BatchedForward):  # the attended length from the host: no sync
+                assert isinstance(self.cache, SlotKVCache)
+                length = max(plan.decode_positions) + 1
+                parts.append(self.forward.decode(self.cache, tokens, positions, length=length))
+            else:
+                parts.append(self.forward.decode(self.cache, tokens, positions))
         if lengths:
             parts.append(self._prefill(plan.prefill_contexts, num_decode))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -97,12 +134,12 @@ class StepRunner:
         padded = torch.zeros(len(rows), max(lengths), dtype=torch.int64)
         for row, context in enumerate(rows):
             padded[row, : len(context)] = torch.tensor(context, dtype=torch.int64)
-        lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
-        logits = self.forward.prefill(self.cache, padded.to(self.device), lens, first_slot)
+        lens = to_device(torch.tensor(lengths, dtype=torch.int64), self.device)
+        logits = self.forward.prefill(self.cache, to_device(padded, self.device), lens, first_slot)
         if not shared:
             return logits
         assert isinstance(self.cache, SlotKVCache)
-        index = torch.tensor(source, device=self.device)
+        index = to_device(torch.tensor(source, dtype=torch.int64), self.device)
         width = max(lengths)
         for layer in (*self.cache.keys, *self.cache.values):  # unique rows sit at first_slot..
             layer[first_slot : first_slot + len(source), :, :width] = layer[first_slot + index, :, :width]

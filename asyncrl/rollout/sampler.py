@@ -13,6 +13,12 @@ depend on what else is in the batch (cost: one Python `random()` call per seeded
 ~0.1 µs, plus one small tensor per step; a per-row `torch.rand(generator=...)` cost ~50× more).
 Rows without one share a single batched draw from the engine's `torch.Generator`.
 
+On a GPU nothing here waits for the device: what needs a branch (all rows at T = 1, the widest
+top-k) is decided on the host from the request settings in `SamplingBatch.build`, and the
+settings and the uniforms go to the device by pinned, non-blocking copies
+(`asyncrl.rollout.transfer`). The caller's one device-to-host copy of the results is the step's
+only synchronisation.
+
 This module knows nothing about requests, stop tokens or the KV cache.
 """
 
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncrl.rollout.transfer import to_device
 from asyncrl.types import SamplingParams
 
 
@@ -38,6 +45,10 @@ class SamplingBatch:
     any_greedy: bool
     any_filter: bool
     any_top_p: bool
+    unit_temperature: bool
+    """Every row samples at T = 1 (greedy rows count as 1): the logits need no division."""
+    widest_top_k: int
+    """The largest top-k of any row, 0 when a row keeps the whole vocabulary (top_k <= 0)."""
 
     @staticmethod
     def build(
@@ -51,15 +62,19 @@ class SamplingBatch:
         sampled = [t > 0 for t in temps]
         uses_k = [s and k > 0 for s, k in zip(sampled, top_k)]
         uses_p = [s and p < 1.0 for s, p in zip(sampled, top_p)]
+        # One copy to the device; top-k travels as float32, exact below 2**24.
+        settings = to_device(torch.tensor([temps, top_k, top_p], dtype=torch.float32), torch.device(device))
         return SamplingBatch(
-            temperatures=torch.tensor(temps, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+            temperatures=settings[0],
+            top_k=settings[1].to(torch.int64),
+            top_p=settings[2],
             generators=tuple(generators),
             all_greedy=not any(sampled),
             any_greedy=not all(sampled),
             any_filter=any(uses_k) or any(uses_p),
             any_top_p=any(uses_p),
+            unit_temperature=all(t in (0.0, 1.0) for t in temps),
+            widest_top_k=max(top_k, default=0) if all(k > 0 for k in top_k) else 0,
         )
 
 
@@ -80,14 +95,14 @@ def draw_uniforms(batch: SamplingBatch, default: torch.Generator | None) -> torc
 
     (0, 1] rather than [0, 1): `1 - u` is taken in float64 before the cast, since a float64
     draw just below 1 would round to 1.0 in float32 and a draw of 0 could pick a zero-weight
-    first token. Drawn on the CPU and moved to the logits' device.
+    first token. Drawn on the CPU and moved to the logits' device without waiting for it.
     """
     u = 1.0 - torch.rand(len(batch.generators), generator=default, dtype=torch.float64)
     seeded = [(row, 1.0 - gen.random()) for row, gen in enumerate(batch.generators) if gen is not None]
     if seeded:
         rows, values = zip(*seeded)
         u[list(rows)] = torch.tensor(values, dtype=torch.float64)
-    return u.to(device=batch.temperatures.device, dtype=torch.float32)
+    return to_device(u.to(torch.float32), batch.temperatures.device)
 
 
 def _filtered_sample(
@@ -102,8 +117,8 @@ def _filtered_sample(
     k = torch.where(batch.top_k > 0, batch.top_k.clamp_max(vocab), vocab)  # (B,)
     if batch.any_top_p:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
-    else:
-        sorted_probs, order = probs.topk(int(k.max()), dim=-1)
+    else:  # = k.max(), known on the host
+        sorted_probs, order = probs.topk(min(batch.widest_top_k or vocab, vocab), dim=-1)
     rank = torch.arange(sorted_probs.shape[-1], device=probs.device)[None]
     keep = rank < k[:, None]
     sorted_probs = sorted_probs * keep
@@ -122,7 +137,7 @@ def sample(
     """Pick one token per row. logits: (B, V) float32. Returns (tokens (B,), logprobs (B,))."""
     greedy_tokens = logits.argmax(-1) if batch.any_greedy else None
     temps = torch.where(batch.temperatures > 0, batch.temperatures, 1.0)
-    scaled = logits if bool((temps == 1.0).all()) else logits / temps[:, None]
+    scaled = logits if batch.unit_temperature else logits / temps[:, None]
     logprobs = torch.log_softmax(scaled, dim=-1)  # (B, V)
     if batch.all_greedy:
         assert greedy_tokens is not None  # all_greedy implies any_greedy (non-empty batch)

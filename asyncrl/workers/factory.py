@@ -72,7 +72,8 @@ def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | N
         model, tok = load_model(cfg.model, lambda _: None)
     copy_for_engine = cast(nn.Module, copy.deepcopy(model)).to(device=cfg.trainer.device, dtype=compute_dtype(cfg))
     engine = build_engine(cfg.rollout, copy_for_engine.eval(), eos_ids(model, tok),
-                          device=cfg.trainer.device, seed=cfg.seed + index, compute=compute)
+                          device=cfg.trainer.device, seed=cfg.seed + index, compute=compute,
+                          max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
     requests = RequestBuilder(cfg.rollout, max_tokens=cfg.data.max_response_length, seed=cfg.seed)
     reward = RewardWorker(tok, cfg.reward, window=cfg.data.train_batch_size * cfg.rollout.n, sandbox=cfg.sandbox,
                           scheduler=cfg.reward_scheduler)

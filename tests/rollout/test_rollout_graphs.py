@@ -1,17 +1,22 @@
 """Static, bucketed decode (asyncrl.rollout.graphs), run eagerly on the CPU: what the CUDA graphs
-replay. Padding rows up to a bucket and attending over the whole static cache change nothing:
-greedy and seeded samples, log-probs, abort + continue and weight loads match the dynamic engine."""
+replay. Padding rows up to a bucket and attending over the first L cached positions (L a power
+of two >= the furthest position + 1, at least 128, at most the capacity) change nothing: greedy
+and seeded samples, log-probs, abort + continue and weight loads match the dynamic engine, and
+the (bucket, L) key follows the rows as they grow."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import Counter
 
 import pytest
 import torch
 
+import asyncrl.rollout.runner as runner_module
 from asyncrl.rollout import TorchEngine, run_sync
-from asyncrl.rollout.graphs import bucket_sizes
+from asyncrl.rollout.graphs import attention_length, bucket_sizes
+from asyncrl.rollout.memory import DeviceMemory
 from tests.rollout.rollout_testlib import EOS, prompt, request, staggered_requests, tiny_model, wait_for_tokens
 
 
@@ -27,6 +32,61 @@ def test_bucket_sizes():
     assert bucket_sizes(1) == [1] and bucket_sizes(8) == [1, 2, 4, 8]
 
 
+def test_attention_length():
+    assert [attention_length(p, 2304) for p in (0, 5, 127, 128, 255, 256, 300, 2047, 2048, 2303)] == \
+        [128, 128, 128, 256, 256, 512, 512, 2048, 2304, 2304]
+    assert attention_length(10, 64) == 64  # the CPU's growing cache may be smaller than 128
+    with pytest.raises(AssertionError):
+        attention_length(64, 64)  # the position must lie inside the cache
+
+
+def long_requests(temperature: float) -> list:
+    """Three rows that decode past positions 128 and 256 (prompts 9..13, 280..300 tokens)."""
+    return [request(f"long{i}", prompt(9 + 2 * i, seed=i), 300 - 10 * i, temperature, seed=i) for i in range(3)]
+
+
+def lengths_first_seen(steps: Counter[tuple[int, int]]) -> list[int]:
+    """The attention length of each (bucket, length) key, in the order the keys were first run."""
+    return [length for _, length in steps]
+
+
+@pytest.mark.parametrize("arch, temperature", [("llama", 0.0), ("qwen3", 0.9)])
+def test_the_attention_length_key_follows_the_rows_and_equals_dynamic(arch, temperature):
+    model = tiny_model(arch)
+    reqs = long_requests(temperature)
+    want = run_sync(TorchEngine(model, eos_token_id=EOS), reqs)
+    eng = static_engine(model)
+    got = run_sync(eng, reqs)
+    assert [o.response_ids for o in got] == [o.response_ids for o in want]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
+    lengths = lengths_first_seen(eng._runner.graphs.steps)
+    # the growing CPU cache starts at 64 positions, then 128 is the floor; 512 once past 256
+    assert lengths == sorted(lengths) and set(lengths) == {64, 128, 256, 512}
+    # the longest row (9 + 300 tokens) decodes 299 times: one step per token after the prefill's
+    assert sum(eng._runner.graphs.steps.values()) == 299
+    eng.close()
+
+
+def test_a_sized_cache_caps_the_attention_length_at_its_capacity(monkeypatch):
+    """The GPU's fixed cache of max_model_len positions (300, not a power of two): past 256 the
+    key is the capacity itself."""
+    monkeypatch.setattr(runner_module, "device_memory", lambda device: DeviceMemory(free=2**40, total=2**40, held=0))
+    model = tiny_model("qwen2")
+    reqs = long_requests(0.8)
+    want = run_sync(TorchEngine(model, eos_token_id=EOS), reqs)
+    eng = static_engine(model, max_model_len=310, max_num_seqs=4)
+    got = run_sync(eng, reqs)
+    assert [o.response_ids for o in got] == [o.response_ids for o in want]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
+    keys = eng._runner.graphs.steps
+    assert set(lengths_first_seen(keys)) == {128, 256, 310}
+    assert {size for size, _ in keys} == {4, 2, 1}  # 3 rows pad to 4, then 2, then 1
+    assert eng._runner.cache.capacity == 310
+    eng.close()
+
+
 @pytest.mark.parametrize("arch, temperature", [("llama", 0.0), ("qwen2", 0.7), ("qwen3", 1.0)])
 def test_static_decode_equals_dynamic(arch, temperature):
     model = tiny_model(arch)
@@ -38,7 +98,7 @@ def test_static_decode_equals_dynamic(arch, temperature):
     assert [o.response_ids for o in got] == [o.response_ids for o in want]
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
-    assert {1, 2, 4, 8} <= set(eng._runner.graphs._buckets)  # padded rows in every bucket but 1
+    assert {1, 2, 4, 8} <= {size for size, _ in eng._runner.graphs.steps}  # padded rows in every bucket but 1
     eng.close()
 
 

@@ -102,3 +102,41 @@ def test_inverse_cdf_edges_never_pick_zero_weight_tokens() -> None:
     weights = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0]] * 3)
     picked = inverse_cdf(weights, torch.tensor([1e-12, 1.0, 0.3]))
     assert picked.tolist() == [1, 3, 1]
+
+
+def test_branch_flags_are_decided_on_the_host() -> None:
+    def build(*params: SamplingParams) -> SamplingBatch:
+        return SamplingBatch.build(list(params), [None] * len(params))
+
+    t1, greedy = SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)
+    assert build(t1, greedy).unit_temperature  # greedy rows count as T = 1
+    assert not build(t1, SamplingParams(temperature=0.7)).unit_temperature
+    assert build(SamplingParams(top_k=5), SamplingParams(top_k=40)).widest_top_k == 40
+    assert build(SamplingParams(top_k=5), t1).widest_top_k == 0  # a row keeps the whole vocabulary
+    assert build(greedy).widest_top_k == 0
+
+
+def test_sample_reads_no_tensor_on_the_host(monkeypatch) -> None:
+    """On a GPU a tensor read on the host (bool(), int(), .item()) waits for the device: the
+    branches come from the host-side flags instead."""
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(5))
+    settings = ([SamplingParams(temperature=t) for t in (1.0, 1.0, 0.0, 1.0)],
+                [SamplingParams(temperature=0.7, top_k=k) for k in (3, 7, 5, 2)],
+                [SamplingParams(temperature=1.3, top_p=0.5, top_k=k) for k in (3, -1, 5, 9)],
+                [SamplingParams(temperature=0.0)] * 4)
+
+    def draw_all() -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [sample(logits, SamplingBatch.build(params, [None, random.Random(1), None, None]),
+                       torch.Generator().manual_seed(0)) for params in settings]
+
+    want = draw_all()
+
+    def host_read(*_: object) -> None:
+        raise AssertionError("a tensor was read on the host")
+
+    for name in ("__bool__", "__int__", "__float__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    got = draw_all()
+    monkeypatch.undo()
+    for (gt, gl), (wt, wl) in zip(got, want):
+        assert torch.equal(gt, wt) and torch.equal(gl, wl)
