@@ -95,16 +95,22 @@ def run_engine(model: LlamaForCausalLM, reqs: list[GenerationRequest], max_num_s
     return elapsed
 
 
+def left_padded(reqs: list[GenerationRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask) of the requests' prompts, left-padded as `generate` expects."""
+    width = max(len(r.prompt_ids) for r in reqs)
+    ids = torch.zeros(len(reqs), width, dtype=torch.long)
+    mask = torch.zeros(len(reqs), width, dtype=torch.long)
+    for row, r in enumerate(reqs):
+        ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+        mask[row, width - len(r.prompt_ids):] = 1
+    return ids, mask
+
+
 def run_hf(model: LlamaForCausalLM, reqs: list[GenerationRequest], batch_size: int) -> float:
     t0 = time.perf_counter()
     for start in range(0, len(reqs), batch_size):
         batch = reqs[start : start + batch_size]
-        width = max(len(r.prompt_ids) for r in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, r in enumerate(batch):  # left padding, as generate expects
-            ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[row, width - len(r.prompt_ids):] = 1
+        ids, mask = left_padded(batch)
         new = max(r.params.max_tokens for r in batch)
         with torch.no_grad():
             model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,

@@ -56,6 +56,7 @@ from asyncrl.compute import compute_thread, pin_threads  # noqa: E402
 from asyncrl.rollout import TorchEngine, run_sync  # noqa: E402
 from asyncrl.rollout.forward import BatchedForward  # noqa: E402
 from asyncrl.types import GenerationRequest, SamplingParams  # noqa: E402
+from bench.engine import left_padded  # noqa: E402
 
 MODELS: dict[str, dict[str, Any]] = {
     "qwen2-0.5b": dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
@@ -180,12 +181,7 @@ def run_hf(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], cap: int, tim
            device: torch.device) -> dict[str, Any]:
     """One left-padded batch generating to its longest (capped) request, stopped after `time_s`."""
     lengths = [min(r.params.max_tokens, cap) for r in reqs]
-    width = max(len(r.prompt_ids) for r in reqs)
-    ids = torch.zeros(len(reqs), width, dtype=torch.long)
-    mask = torch.zeros(len(reqs), width, dtype=torch.long)
-    for row, r in enumerate(reqs):  # left padding, as generate expects
-        ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-        mask[row, width - len(r.prompt_ids):] = 1
+    ids, mask = left_padded(reqs)
     new = max(lengths)
     with torch.inference_mode():  # warm-up: CUDA context, cuBLAS handles, kernels
         model.generate(ids[:2].to(device), attention_mask=mask[:2].to(device), max_new_tokens=2, min_new_tokens=2,
@@ -198,7 +194,7 @@ def run_hf(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], cap: int, tim
                              max_time=time_s)
     synchronize(device)
     seconds = time.perf_counter() - t0
-    steps = out.shape[1] - width
+    steps = out.shape[1] - ids.shape[1]
     useful = sum(min(n, steps) for n in lengths)
     return dict(hf_tokens_per_s=useful / seconds, hf_seconds=seconds, hf_requests=len(reqs),
                 hf_steps=steps, hf_stopped_by_time=steps < new, hf_useful_tokens=useful)
