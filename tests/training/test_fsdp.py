@@ -117,9 +117,13 @@ def run_ranks(batch: TrainBatch, tmp: Path, deadline_s: float = 240.0) -> dict[s
 
 
 def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """Equal up to what float rounding does through AdamW: its first steps move a weight by about
+    lr (1e-2) x g / (|g| + 1e-8) whatever the gradient g's size, so where |g| is near 1e-8 (more
+    so under the 0.05 clip) summing in another order shows at up to ~1e-3 of lr; a wrong gradient
+    moves weights by ~lr."""
     assert list(got) == list(want)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=3e-5, msg=name)
 
 
 def assert_same_metrics(got: dict[str, float], want: dict[str, float]) -> None:
