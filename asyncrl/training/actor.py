@@ -25,6 +25,12 @@ micro-batch, gradients are summed across ranks, and the update equals the single
 to float rounding. `named_weights`, `compute_log_probs`, `save` and `load` are then collective:
 every rank calls them. LoRA is not supported sharded.
 
+With `use_remove_padding` (None: on for a model on CUDA, off on the CPU) each micro-batch's rows
+run as one padding-free sequence (`asyncrl.training.packing`, attention row by row through
+`asyncrl.training.packed_attention`), planned by real tokens; results come back in the padded
+(B, T) layout, so the losses are the same. The reference worker and the critic take the same
+switch.
+
 Devices and precision: the model (float32 master weights, and so float32 optimizer state)
 lives on its device; each entry point moves the batch it is handed there and returns results on
 the batch's device. With `compute_dtype=torch.bfloat16` forwards run under autocast (matmuls in
@@ -127,8 +133,7 @@ def response_logits(model: nn.Module, batch: TrainBatch, dtype: torch.dtype = to
     with autocast(batch.input_ids.device, dtype):
         if pack:
             p = packing.pack(batch)
-            out = model(input_ids=p.input_ids, position_ids=p.position_ids, logits_to_keep=p.predicts,
-                        use_cache=False)
+            out = model(**p.forward_kwargs(), logits_to_keep=p.predicts, use_cache=False)
             return ResponseLogits(out.logits, p.labels[None], p)
         # the last T + 1 columns are P-1 .. P+T-1; the first T of them predict the response
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
@@ -158,7 +163,7 @@ class RefWorker:
         self.compute_dtype = compute_dtype
         self.pack = packing.resolve(use_remove_padding, model_device(model))
         if self.pack:
-            packing.check_packing(model)
+            packing.enable_packing(model)
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
@@ -199,7 +204,7 @@ class Actor:
         self.optimizer, self.scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, self.schedule)
         self.pack = packing.resolve(use_remove_padding, model_device(model))
         if self.pack:  # after the optimizer: FSDP2 leaves the root unsharded after a no-grad forward
-            packing.check_packing(model)
+            packing.enable_packing(model)
         self.version = 0
         self._last_lr = float(self.scheduler.get_last_lr()[0])
         self._pending: _Accumulated | None = None

@@ -43,8 +43,7 @@ class ValueModel(nn.Module):
         with autocast(batch.input_ids.device, self.compute_dtype):
             if self.pack:
                 p = packing.pack(batch)
-                hidden = self.body(input_ids=p.input_ids, position_ids=p.position_ids,
-                                   use_cache=False).last_hidden_state
+                hidden = self.body(**p.forward_kwargs(), use_cache=False).last_hidden_state
                 return packing.unpack(self.head(hidden[0, p.predicts]).squeeze(-1).float(), p)
             hidden = self.body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                position_ids=batch.position_ids, use_cache=False).last_hidden_state
@@ -59,7 +58,7 @@ class Critic:
         pack = packing.resolve(use_remove_padding, model_device(causal_lm))
         self.model = ValueModel(causal_lm, compute_dtype, pack)
         if pack:
-            packing.check_packing(self.model.body, logits=False)
+            packing.enable_packing(self.model.body, logits=False)
         self.cfg = cfg
         self.micro_batch_tokens = micro_batch_tokens
         self.loss_agg_mode = loss_agg_mode

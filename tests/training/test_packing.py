@@ -18,6 +18,9 @@ from asyncrl.errors import ConfigError
 from asyncrl.training.actor import Actor, RefWorker, response_logits
 from asyncrl.training.batch import TrainBatch, build_batch, micro_batches, plan_micro_batches, row_spans
 from asyncrl.training.critic import Critic
+from asyncrl.training.lora import apply_lora
+from asyncrl.training.memory import enable_gradient_checkpointing
+from asyncrl.training.packed_attention import NAME
 from asyncrl.training.packing import check_packing, pack, resolve, unpack
 from asyncrl.types import Group, PromptRow, Trajectory
 from tests.training.helpers import VOCAB, make_ragged_groups, tiny_lm
@@ -129,6 +132,25 @@ def test_packed_train_step_equals_padded(mode, budget):
             assert packed_metrics[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
+def test_packed_lora_and_checkpointed_steps_equal_padded():
+    """Packed rows through peft's LoRA wrapper, and through checkpointed layers (the backward
+    recomputes each layer with the rows' boundaries)."""
+    batch = train_batch(spread_groups())
+    cfg = ActorConfig(ppo_micro_batch_tokens=80, lr=1e-2, warmup_steps=0, grad_clip=1e9)
+    for prepare in (lambda m: apply_lora(m, 4, 8, ("q_proj", "v_proj")), prepared_for_checkpointing):
+        weights = []
+        for pack_rows in (False, True):
+            actor = Actor(prepare(lm64()), cfg, temperature=1.0, norm_length=8, use_remove_padding=pack_rows)
+            actor.train_step(batch, num_mini_batches=1)
+            weights.append(torch.cat([p.detach().flatten() for p in actor.model.parameters()]))
+        torch.testing.assert_close(weights[1], weights[0], rtol=1e-9, atol=1e-11)
+
+
+def prepared_for_checkpointing(model: nn.Module) -> nn.Module:
+    enable_gradient_checkpointing(model)
+    return model
+
+
 def test_packed_old_and_ref_log_probs_equal_padded():
     batch = build_batch(spread_groups(), pad_id=0)
     want = make_actor(False, 10_000).compute_log_probs(batch)
@@ -229,6 +251,15 @@ def test_a_model_that_cannot_pack_is_refused_naming_the_key(model):
     Actor(model(), ActorConfig(), temperature=1.0, norm_length=4, use_remove_padding=False)
     check_packing(tiny_lm())
     check_packing(tiny_lm().model, logits=False)
+
+
+def test_workers_that_pack_run_packed_attention():
+    """Each row's attention alone (tests/training/test_packed_attention.py), not a dense mask."""
+    assert make_actor(True, 100).model.config._attn_implementation == NAME
+    assert RefWorker(lm64(), 1.0, 100, use_remove_padding=True).model.config._attn_implementation == NAME
+    critic = Critic(lm64(), CriticConfig(), micro_batch_tokens=100, loss_agg_mode="token-mean", use_remove_padding=True)
+    assert critic.model.body.config._attn_implementation == NAME
+    assert make_actor(False, 100).model.config._attn_implementation == "sdpa"
 
 
 def test_the_default_packs_on_cuda_only():
