@@ -28,8 +28,8 @@ def test_defaults_and_overrides(tmp_path):
     assert cfg.trainer.logger == ("jsonl",) and cfg.actor.lr == pytest.approx(3e-5)
 
 
-@pytest.mark.parametrize("override, value", [(None, None), ("true", True), ("false", False), ("null", None)])
-def test_remove_padding_is_on_off_or_left_to_the_device(override, value, tmp_path):
+@pytest.mark.parametrize("override, value", [(None, True), ("true", True), ("false", False)])
+def test_remove_padding_is_on_by_default(override, value, tmp_path):
     cfg = load_config(None, [] if override is None else [f"model.use_remove_padding={override}"])
     assert cfg.model.use_remove_padding is value
     assert config_from_dict(yaml.safe_load(dump_config(cfg))) == cfg

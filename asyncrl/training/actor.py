@@ -25,7 +25,7 @@ micro-batch, gradients are summed across ranks, and the update equals the single
 to float rounding. `named_weights`, `compute_log_probs`, `save` and `load` are then collective:
 every rank calls them. LoRA is not supported sharded.
 
-With `use_remove_padding` (None: on for a model on CUDA, off on the CPU) each micro-batch's rows
+With `use_remove_padding` (the default) each micro-batch's rows
 run as one padding-free sequence (`asyncrl.training.packing`, attention row by row through
 `asyncrl.training.packed_attention`), planned by real tokens; results come back in the padded
 (B, T) layout, so the losses are the same. The reference worker and the critic take the same
@@ -156,12 +156,12 @@ class RefWorker:
     """A frozen policy: per-token log-probs only (for KL terms)."""
 
     def __init__(self, model: nn.Module, temperature: float, micro_batch_tokens: int,
-                 compute_dtype: torch.dtype = torch.float32, use_remove_padding: bool | None = None) -> None:
+                 compute_dtype: torch.dtype = torch.float32, use_remove_padding: bool = True) -> None:
         self.model = model.eval().requires_grad_(False)
         self.temperature = temperature
         self.micro_batch_tokens = micro_batch_tokens
         self.compute_dtype = compute_dtype
-        self.pack = packing.resolve(use_remove_padding, model_device(model))
+        self.pack = use_remove_padding
         if self.pack:
             packing.enable_packing(model)
 
@@ -189,7 +189,7 @@ class Actor:
 
     def __init__(self, model: PreTrainedModel | PeftModel, cfg: ActorConfig, *, temperature: float,
                  norm_length: int, total_steps: int = 0, compute_dtype: torch.dtype = torch.float32,
-                 use_remove_padding: bool | None = None) -> None:
+                 use_remove_padding: bool = True) -> None:
         self.sharded = fsdp.is_sharded()
         if self.sharded:
             assert not is_lora(model), \
@@ -202,7 +202,7 @@ class Actor:
         self.compute_dtype = compute_dtype
         self.schedule = actor_schedule(cfg, total_steps)
         self.optimizer, self.scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, self.schedule)
-        self.pack = packing.resolve(use_remove_padding, model_device(model))
+        self.pack = use_remove_padding
         if self.pack:  # after the optimizer: FSDP2 leaves the root unsharded after a no-grad forward
             packing.enable_packing(model)
         self.version = 0

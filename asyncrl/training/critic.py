@@ -54,10 +54,9 @@ class ValueModel(nn.Module):
 class Critic:
     def __init__(self, causal_lm: PreTrainedModel, cfg: CriticConfig, *, micro_batch_tokens: int,
                  loss_agg_mode: str, compute_dtype: torch.dtype = torch.float32,
-                 use_remove_padding: bool | None = None) -> None:
-        pack = packing.resolve(use_remove_padding, model_device(causal_lm))
-        self.model = ValueModel(causal_lm, compute_dtype, pack)
-        if pack:
+                 use_remove_padding: bool = True) -> None:
+        self.model = ValueModel(causal_lm, compute_dtype, use_remove_padding)
+        if use_remove_padding:
             packing.enable_packing(self.model.body, logits=False)
         self.cfg = cfg
         self.micro_batch_tokens = micro_batch_tokens

@@ -81,12 +81,6 @@ def unpack(values_R: Tensor, packed: Packed) -> Tensor:
     return values_R.new_zeros(packed.real.shape).masked_scatter(packed.real, values_R)
 
 
-def resolve(setting: bool | None, device: torch.device) -> bool:
-    """`model.use_remove_padding` for a model on `device`: None (the default) packs on CUDA
-    and not on the CPU (docs/training.md has the measurements behind that)."""
-    return device.type == "cuda" if setting is None else setting
-
-
 def enable_packing(model: nn.Module, logits: bool = True) -> None:
     """Make `model` run packed rows at their own attention cost (`packed_attention`), then
     `check_packing` it."""

@@ -13,7 +13,7 @@ from torch import nn
 
 from asyncrl.algorithms import compute_advantage
 from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logits
-from asyncrl.config_schema import ActorConfig, CriticConfig
+from asyncrl.config_schema import ActorConfig, CriticConfig, ModelConfig
 from asyncrl.errors import ConfigError
 from asyncrl.training.actor import Actor, RefWorker, response_logits
 from asyncrl.training.batch import TrainBatch, build_batch, micro_batches, plan_micro_batches, row_spans
@@ -21,7 +21,7 @@ from asyncrl.training.critic import Critic
 from asyncrl.training.lora import apply_lora
 from asyncrl.training.memory import enable_gradient_checkpointing
 from asyncrl.training.packed_attention import NAME
-from asyncrl.training.packing import check_packing, pack, resolve, unpack
+from asyncrl.training.packing import check_packing, pack, unpack
 from asyncrl.types import Group, PromptRow, Trajectory
 from tests.training.helpers import VOCAB, make_ragged_groups, tiny_lm
 
@@ -262,6 +262,8 @@ def test_workers_that_pack_run_packed_attention():
     assert make_actor(False, 100).model.config._attn_implementation == "sdpa"
 
 
-def test_the_default_packs_on_cuda_only():
-    assert resolve(None, torch.device("cuda")) and not resolve(None, torch.device("cpu"))
-    assert resolve(True, torch.device("cpu")) and not resolve(False, torch.device("cuda"))
+def test_workers_pack_by_default():
+    assert ModelConfig().use_remove_padding
+    assert Actor(tiny_lm(), ActorConfig(), temperature=1.0, norm_length=4).pack
+    assert RefWorker(tiny_lm(), 1.0, 100).pack
+    assert Critic(tiny_lm(), CriticConfig(), micro_batch_tokens=100, loss_agg_mode="token-mean").model.pack
