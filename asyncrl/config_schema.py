@@ -27,6 +27,8 @@ class ModelConfig:
     """Modules that get LoRA adapters: all-linear or module names (q_proj, v_proj, ...)."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about a third more compute)."""
+    use_remove_padding: bool = True
+    """Trainer runs each micro-batch's rows packed into one padding-free sequence (attention row by row)."""
 
 
 @dataclass(frozen=True)

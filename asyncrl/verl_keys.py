@@ -131,6 +131,7 @@ TABLE: dict[str, To] = {
     M + "lora_alpha": to("model.lora_alpha"),
     M + "target_modules": to("model.target_modules"),
     M + "enable_gradient_checkpointing": to("model.enable_gradient_checkpointing"),
+    M + "use_remove_padding": to("model.use_remove_padding"),
     M + "custom_chat_template": to("data.chat_template", convert=_not_null),
     R + "n": to("rollout.n"),
     R + "temperature": to("rollout.temperature"),
@@ -196,7 +197,7 @@ actor_rollout_ref.actor.profiler
 actor_rollout_ref.actor.router_replay
 actor_rollout_ref.ref
 actor_rollout_ref.model: hf_config_path tokenizer_path use_shm trust_remote_code external_lib exclude_modules
-actor_rollout_ref.model: enable_activation_offload use_remove_padding lora_adapter_path use_liger use_fused_kernels
+actor_rollout_ref.model: enable_activation_offload lora_adapter_path use_liger use_fused_kernels
 actor_rollout_ref.model.override_config
 actor_rollout_ref.model.fused_kernel_options
 actor_rollout_ref.model.tiled_mlp

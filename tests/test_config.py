@@ -28,6 +28,15 @@ def test_defaults_and_overrides(tmp_path):
     assert cfg.trainer.logger == ("jsonl",) and cfg.actor.lr == pytest.approx(3e-5)
 
 
+@pytest.mark.parametrize("override, value", [(None, True), ("true", True), ("false", False)])
+def test_remove_padding_is_on_by_default(override, value, tmp_path):
+    cfg = load_config(None, [] if override is None else [f"model.use_remove_padding={override}"])
+    assert cfg.model.use_remove_padding is value
+    assert config_from_dict(yaml.safe_load(dump_config(cfg))) == cfg
+    with pytest.raises(ConfigError, match="model.use_remove_padding"):
+        load_config(None, ["model.use_remove_padding=sometimes"])
+
+
 def test_dump_round_trips_identically(tmp_path):
     cfg = load_config(None, ["pipeline=fully_async", "async_training.staleness_threshold=0.5",
                              "actor.betas=[0.8, 0.95]"])

@@ -119,8 +119,8 @@ EXPECTED = {
 -1 'never' is 0, a micro-batch is tokens, fully async's train_batch_size=0 is one update's prompts)."""
 
 NOT_MODELLED_IN_EVERY_RECIPE = ("actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.gpu_memory_utilization",
-                                "actor_rollout_ref.model.use_remove_padding", "actor_rollout_ref.ref.fsdp_config"
-                                ".param_offload", "actor_rollout_ref.actor.fsdp_config.param_offload")
+                                "actor_rollout_ref.ref.fsdp_config.param_offload",
+                                "actor_rollout_ref.actor.fsdp_config.param_offload")
 
 
 @pytest.mark.parametrize("recipe", sorted(EXPECTED))
@@ -200,6 +200,7 @@ def test_every_target_of_the_table_exists() -> None:
     ("actor_rollout_ref.actor.optim.min_lr_ratio=0.1", {"actor.min_lr_ratio": 0.1}),
     ("actor_rollout_ref.model.lora_rank=8", {"model.lora_rank": 8}),
     ("actor_rollout_ref.model.target_modules=[q_proj,v_proj]", {"model.target_modules": ("q_proj", "v_proj")}),
+    ("actor_rollout_ref.model.use_remove_padding=False", {"model.use_remove_padding": False}),
     ("trainer.test_freq=-1", {"trainer.test_freq": 0}),
     ("trainer.max_actor_ckpt_to_keep=null", {"trainer.max_ckpt_to_keep": 0}),
     ("actor_rollout_ref.rollout.val_kwargs.do_sample=False", {"rollout.val_temperature": 0.0}),

@@ -25,6 +25,12 @@ micro-batch, gradients are summed across ranks, and the update equals the single
 to float rounding. `named_weights`, `compute_log_probs`, `save` and `load` are then collective:
 every rank calls them. LoRA is not supported sharded.
 
+With `use_remove_padding` (the default) each micro-batch's rows
+run as one padding-free sequence (`asyncrl.training.packing`, attention row by row through
+`asyncrl.training.packed_attention`), planned by real tokens; results come back in the padded
+(B, T) layout, so the losses are the same. The reference worker and the critic take the same
+switch.
+
 Devices and precision: the model (float32 master weights, and so float32 optimizer state)
 lives on its device; each entry point moves the batch it is handed there and returns results on
 the batch's device. With `compute_dtype=torch.bfloat16` forwards run under autocast (matmuls in
@@ -53,7 +59,7 @@ from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logit
 from asyncrl.algorithms.policy_loss import _FORCED_AGG_MODE, compute_policy_loss
 from asyncrl.config_schema import ActorConfig
 from asyncrl.sync.tensors import export_named
-from asyncrl.training import fsdp
+from asyncrl.training import fsdp, packing
 from asyncrl.training.batch import TrainBatch, map_micro_batches, mean_over_mini_batches, micro_batches
 from asyncrl.training.lora import is_lora, load_lora, merged_named, save_lora
 from asyncrl.training.optim import LRSchedule, make_optimizer, resolve_warmup, seed_state, set_seed_state
@@ -103,19 +109,43 @@ def autocast(device: torch.device, dtype: torch.dtype) -> torch.autocast:
     return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
-def response_logits(model: nn.Module, batch: TrainBatch, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Logits that predict each response token, computed in `dtype`. # (B, T, V)"""
+@dataclass(frozen=True)
+class ResponseLogits:
+    """The logits that predict a batch's response tokens, their labels, and the way back from
+    per-token results on them to the (B, T) response layout."""
+
+    logits: torch.Tensor  # (B, T, V) padded; (1, R, V) packed, R = real response tokens
+    labels: torch.Tensor  # (B, T) or (1, R)
+    packed: packing.Packed | None = None
+
+    def to_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-token `values` (the logits' leading shape) in the (B, T) layout; packed: zeros at
+        padding. # (B, T)"""
+        return values if self.packed is None else packing.unpack(values[0], self.packed)
+
+
+def response_logits(model: nn.Module, batch: TrainBatch, dtype: torch.dtype = torch.float32,
+                    pack: bool = False) -> ResponseLogits:
+    """Logits that predict each response token, computed in `dtype`; the head runs on those
+    positions only (`logits_to_keep`). `pack`: the rows' real tokens as one sequence
+    (`asyncrl.training.packing`), else the padded rows."""
+    T = batch.responses.shape[1]
     with autocast(batch.input_ids.device, dtype):
+        if pack:
+            p = packing.pack(batch)
+            out = model(**p.forward_kwargs(), logits_to_keep=p.predicts, use_cache=False)
+            return ResponseLogits(out.logits, p.labels[None], p)
+        # the last T + 1 columns are P-1 .. P+T-1; the first T of them predict the response
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids, use_cache=False)
-    P, T = batch.prompt_width, batch.responses.shape[1]
-    return out.logits[:, P - 1 : P - 1 + T]
+                    position_ids=batch.position_ids, logits_to_keep=T + 1, use_cache=False)
+    return ResponseLogits(out.logits[:, :T], batch.responses)
 
 
 def response_log_probs(model: nn.Module, batch: TrainBatch, temperature: float,
-                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                       dtype: torch.dtype = torch.float32, pack: bool = False) -> torch.Tensor:
     """Log-probs of the response tokens (float32 math whatever `dtype`). # (B, T)"""
-    return logprobs_from_logits(response_logits(model, batch, dtype), batch.responses, temperature)
+    out = response_logits(model, batch, dtype, pack)
+    return out.to_rows(logprobs_from_logits(out.logits, out.labels, temperature))
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -126,20 +156,23 @@ class RefWorker:
     """A frozen policy: per-token log-probs only (for KL terms)."""
 
     def __init__(self, model: nn.Module, temperature: float, micro_batch_tokens: int,
-                 compute_dtype: torch.dtype = torch.float32) -> None:
+                 compute_dtype: torch.dtype = torch.float32, use_remove_padding: bool = True) -> None:
         self.model = model.eval().requires_grad_(False)
         self.temperature = temperature
         self.micro_batch_tokens = micro_batch_tokens
         self.compute_dtype = compute_dtype
+        self.pack = use_remove_padding
+        if self.pack:
+            packing.enable_packing(model)
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
         here = batch.to(model_device(self.model))
-        out = map_micro_batches(here, self.micro_batch_tokens, self._log_probs) * here.response_mask
+        out = map_micro_batches(here, self.micro_batch_tokens, self._log_probs, self.pack) * here.response_mask
         return out.to(batch.responses.device)
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
-        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype)
+        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype, self.pack)
 
 
 def actor_schedule(cfg: ActorConfig, total_steps: int) -> LRSchedule:
@@ -155,7 +188,8 @@ class Actor:
     """Model (full or LoRA) + AdamW (warm-up, constant or cosine) + PPO-style update."""
 
     def __init__(self, model: PreTrainedModel | PeftModel, cfg: ActorConfig, *, temperature: float,
-                 norm_length: int, total_steps: int = 0, compute_dtype: torch.dtype = torch.float32) -> None:
+                 norm_length: int, total_steps: int = 0, compute_dtype: torch.dtype = torch.float32,
+                 use_remove_padding: bool = True) -> None:
         self.sharded = fsdp.is_sharded()
         if self.sharded:
             assert not is_lora(model), \
@@ -168,6 +202,9 @@ class Actor:
         self.compute_dtype = compute_dtype
         self.schedule = actor_schedule(cfg, total_steps)
         self.optimizer, self.scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, self.schedule)
+        self.pack = use_remove_padding
+        if self.pack:  # after the optimizer: FSDP2 leaves the root unsharded after a no-grad forward
+            packing.enable_packing(model)
         self.version = 0
         self._last_lr = float(self.scheduler.get_last_lr()[0])
         self._pending: _Accumulated | None = None
@@ -188,11 +225,11 @@ class Actor:
         self.model.eval()
         here = batch.to(self._device())
         map_rows = fsdp.map_rank_micro_batches if self.sharded else map_micro_batches
-        out = map_rows(here, self.cfg.ppo_micro_batch_tokens, self._log_probs) * here.response_mask
+        out = map_rows(here, self.cfg.ppo_micro_batch_tokens, self._log_probs, self.pack) * here.response_mask
         return out.to(batch.responses.device)
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
-        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype)
+        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype, self.pack)
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         """PPO epochs over mini-batches; one optimizer step per mini-batch."""
@@ -271,8 +308,8 @@ class Actor:
         each (`fsdp.rank_micro_batches`)."""
         budget = self.cfg.ppo_micro_batch_tokens
         if self.sharded:
-            return fsdp.rank_micro_batches(batch, budget)
-        return ((rows, mb, float(len(rows))) for rows, mb in micro_batches(batch, budget))
+            return fsdp.rank_micro_batches(batch, budget, self.pack)
+        return ((rows, mb, float(len(rows))) for rows, mb in micro_batches(batch, budget, self.pack))
 
     def _device(self) -> torch.device:
         return model_device(self.model)
@@ -291,8 +328,8 @@ class Actor:
     def _micro_batch_loss(self, mb: TrainBatch, counts: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
         assert mb.advantages is not None
-        logits = response_logits(self.model, mb, self.compute_dtype)
-        log_prob = logprobs_from_logits(logits, mb.responses, self.temperature)
+        out = response_logits(self.model, mb, self.compute_dtype, self.pack)
+        log_prob = out.to_rows(logprobs_from_logits(out.logits, out.labels, self.temperature))
         # None: this forward runs on the weights that generated the batch (one optimizer step
         # per batch, see `train_step`), so its log-probs, detached, are the old ones exactly.
         old = log_prob.detach() * mb.response_mask if mb.old_log_probs is None else mb.old_log_probs
@@ -301,7 +338,8 @@ class Actor:
             loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
             is_weights=mb.is_weights, norm_length=self.norm_length, **counts)
-        entropy = self._agg(entropy_from_logits(logits.detach() if not cfg.entropy_coeff else logits), mb, counts)
+        logits = out.logits if cfg.entropy_coeff else out.logits.detach()
+        entropy = self._agg(out.to_rows(entropy_from_logits(logits)), mb, counts)
         metrics = dict(metrics) | {"actor/entropy": float(entropy.detach())}
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * entropy

@@ -4,7 +4,8 @@ Layout (verl's): prompts left-padded to P, responses right-padded to T, so every
 token sits at the same column and `logits[:, P-1 : P-1+T]` predict the response. Per-token
 tensors over the response are (B, T); `response_mask` marks real tokens.
 Micro-batches are length-aware: rows sorted by length, grouped to keep padding low, and each
-group cut to the columns its own rows use (`plan_micro_batches`, `trim`).
+group cut to the columns its own rows use (`plan_micro_batches`, `trim`). When the trainer packs
+(`asyncrl.training.packing`), a group costs its rows' real tokens instead of rows x width.
 This module does not compute anything RL-specific; it only arranges data.
 """
 
@@ -160,24 +161,28 @@ MICRO_BATCH_OVERHEAD_TOKENS = 160
 
 
 def plan_micro_batches(prompt_B: Sequence[int], response_B: Sequence[int], token_budget: int,
-                       overhead: int = MICRO_BATCH_OVERHEAD_TOKENS) -> list[list[int]]:
-    """Row groups, each to be one micro-batch padded to its own widths (longest prompt +
-    longest response among its rows).
+                       overhead: int = MICRO_BATCH_OVERHEAD_TOKENS, packed: bool = False) -> list[list[int]]:
+    """Row groups, each to be one micro-batch: padded to its own widths (longest prompt +
+    longest response among its rows), or with `packed` its rows' real tokens back to back
+    (`asyncrl.training.packing`).
 
     Split rule: sort rows by real length (prompt + response), then cut the sorted list into
-    consecutive runs minimising sum(rows x own width) + `overhead` per run, each run within
-    `token_budget` padded tokens (a single row over it runs alone). A DP over cut points.
+    consecutive runs minimising the runs' tokens + `overhead` per run, each run within
+    `token_budget` tokens (a single row over it runs alone). A run's tokens are rows x own width
+    padded, the sum of its rows' lengths packed. A DP over cut points.
     Example: lengths 20, 20, 20, 100 (prompt 16), budget 1000, overhead 50: together 4 x 100 +
-    50 = 450; split [3 x 20 + 50] + [100 + 50] = 260, so two micro-batches."""
+    50 = 450; split [3 x 20 + 50] + [100 + 50] = 260, so two micro-batches. Packed, together
+    costs 160 + 50 = 210 < 260: one micro-batch."""
     n = len(prompt_B)
     order = sorted(range(n), key=lambda i: (prompt_B[i] + response_B[i], response_B[i]))
     best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of the first j sorted rows
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
-        prompt = response = 0
+        prompt = response = real = 0
         for i in range(j - 1, -1, -1):  # the last run is order[i:j]
             prompt, response = max(prompt, prompt_B[order[i]]), max(response, response_B[order[i]])
-            tokens = (j - i) * (prompt + response)
+            real += prompt_B[order[i]] + response_B[order[i]]
+            tokens = real if packed else (j - i) * (prompt + response)
             if tokens > token_budget and i < j - 1:
                 break  # widening the run only adds tokens
             if best[i] + tokens + overhead < best[j]:
@@ -189,20 +194,22 @@ def plan_micro_batches(prompt_B: Sequence[int], response_B: Sequence[int], token
     return runs[::-1]
 
 
-def micro_batches(batch: TrainBatch, token_budget: int) -> Iterator[tuple[list[int], TrainBatch]]:
-    """(rows, micro-batch) pairs: rows as `plan_micro_batches` groups them, each micro-batch
-    trimmed to the columns its rows need. Rows come out reordered; see `map_micro_batches`."""
+def micro_batches(batch: TrainBatch, token_budget: int,
+                  packed: bool = False) -> Iterator[tuple[list[int], TrainBatch]]:
+    """(rows, micro-batch) pairs: rows as `plan_micro_batches` groups them (`packed`: by real
+    tokens), each micro-batch trimmed to the columns its rows need. Rows come out reordered;
+    see `map_micro_batches`."""
     prompt_B, response_B = (x.tolist() for x in row_spans(batch))
-    for rows in plan_micro_batches(prompt_B, response_B, token_budget):
+    for rows in plan_micro_batches(prompt_B, response_B, token_budget, packed=packed):
         mb = batch.select(rows)
         yield rows, trim(mb, max(prompt_B[r] for r in rows), max(response_B[r] for r in rows))
 
 
-def map_micro_batches(batch: TrainBatch, token_budget: int,
-                      fn: Callable[[TrainBatch], torch.Tensor]) -> torch.Tensor:
-    """`fn`'s (rows, width) result on each micro-batch, back in the batch's row order and padded
-    with zeros to the batch's response width T. # (B, T)"""
-    return fill_rows(batch, micro_batches(batch, token_budget), fn)
+def map_micro_batches(batch: TrainBatch, token_budget: int, fn: Callable[[TrainBatch], torch.Tensor],
+                      packed: bool = False) -> torch.Tensor:
+    """`fn`'s (rows, width) result on each micro-batch (planned as `micro_batches` plans them),
+    back in the batch's row order and padded with zeros to the batch's response width T. # (B, T)"""
+    return fill_rows(batch, micro_batches(batch, token_budget, packed), fn)
 
 
 def fill_rows(batch: TrainBatch, parts: Iterable[tuple[list[int], TrainBatch]],

@@ -2,6 +2,8 @@
 
 Values are read at the positions that predict each response token (the state before it),
 matching verl. Value loss with clipping comes from the pure `asyncrl.algorithms.value_loss`.
+With `use_remove_padding` the body runs on each micro-batch's rows packed into one sequence
+(`asyncrl.training.packing`), as the actor does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import nn
 
 from asyncrl.algorithms.value_loss import compute_value_loss
 from asyncrl.config_schema import CriticConfig
+from asyncrl.training import packing
 from asyncrl.training.actor import autocast, model_device
 from asyncrl.training.batch import TrainBatch, map_micro_batches, mean_over_mini_batches, micro_batches
 from asyncrl.training.optim import LRSchedule, make_optimizer
@@ -25,16 +28,23 @@ if TYPE_CHECKING:
 
 
 class ValueModel(nn.Module):
-    def __init__(self, causal_lm: PreTrainedModel, compute_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, causal_lm: PreTrainedModel, compute_dtype: torch.dtype = torch.float32,
+                 pack: bool = False) -> None:
         super().__init__()
         self.body = copy.deepcopy(causal_lm.get_decoder())
         self.head = nn.Linear(causal_lm.config.hidden_size, 1, device=model_device(causal_lm))
         self.compute_dtype = compute_dtype
+        self.pack = pack
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     def forward(self, batch: TrainBatch) -> torch.Tensor:
+        """Values at the positions that predict each response token; packed: zeros at padding. # (B, T)"""
         with autocast(batch.input_ids.device, self.compute_dtype):
+            if self.pack:
+                p = packing.pack(batch)
+                hidden = self.body(**p.forward_kwargs(), use_cache=False).last_hidden_state
+                return packing.unpack(self.head(hidden[0, p.predicts]).squeeze(-1).float(), p)
             hidden = self.body(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                position_ids=batch.position_ids, use_cache=False).last_hidden_state
             P, T = batch.prompt_width, batch.responses.shape[1]
@@ -43,8 +53,11 @@ class ValueModel(nn.Module):
 
 class Critic:
     def __init__(self, causal_lm: PreTrainedModel, cfg: CriticConfig, *, micro_batch_tokens: int,
-                 loss_agg_mode: str, compute_dtype: torch.dtype = torch.float32) -> None:
-        self.model = ValueModel(causal_lm, compute_dtype)
+                 loss_agg_mode: str, compute_dtype: torch.dtype = torch.float32,
+                 use_remove_padding: bool = True) -> None:
+        self.model = ValueModel(causal_lm, compute_dtype, use_remove_padding)
+        if use_remove_padding:
+            packing.enable_packing(self.model.body, logits=False)
         self.cfg = cfg
         self.micro_batch_tokens = micro_batch_tokens
         self.loss_agg_mode = loss_agg_mode
@@ -55,7 +68,7 @@ class Critic:
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
         here = batch.to(model_device(self.model))
-        return (map_micro_batches(here, self.micro_batch_tokens, self.model) * here.response_mask).to(
+        return (map_micro_batches(here, self.micro_batch_tokens, self.model, self.model.pack) * here.response_mask).to(
             batch.responses.device)
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
@@ -68,7 +81,7 @@ class Critic:
         self.optimizer.zero_grad(set_to_none=True)
         total = float(mini.response_mask.sum())
         metrics: dict[str, float] = defaultdict(float)
-        for _, mb in micro_batches(mini, self.micro_batch_tokens):
+        for _, mb in micro_batches(mini, self.micro_batch_tokens, self.model.pack):
             weight = float(mb.response_mask.sum()) / max(total, 1.0)
             assert mb.values is not None and mb.returns is not None
             loss, m = compute_value_loss(self.model(mb), mb.values, mb.returns, mb.response_mask,

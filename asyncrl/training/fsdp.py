@@ -72,10 +72,11 @@ def _blocks(model: nn.Module) -> Iterator[nn.Module]:
             return
 
 
-def rank_micro_batches(batch: TrainBatch, token_budget: int) -> Iterator[tuple[list[int], TrainBatch, float]]:
-    """This rank's part of each micro-batch of the whole batch's plan (`micro_batches`): (its
-    rows of `batch`, the micro-batch cut to them, the part's weight in rows), every world-th row
-    from its rank's.
+def rank_micro_batches(batch: TrainBatch, token_budget: int,
+                       packed: bool = False) -> Iterator[tuple[list[int], TrainBatch, float]]:
+    """This rank's part of each micro-batch of the whole batch's plan (`micro_batches`, `packed`
+    or not): (its rows of `batch`, the micro-batch cut to them, the part's weight in rows),
+    every world-th row from its rank's.
 
     The weight is what the part's token means (clip fraction, ppo_kl) count for in a
     row-weighted average over micro-batches: the micro-batch's rows x the part's share of its
@@ -84,7 +85,7 @@ def rank_micro_batches(batch: TrainBatch, token_budget: int) -> Iterator[tuple[l
     that row and discards the result. Example, 2 ranks, plan [[4, 1, 7], [2]]: rank 0 gets
     ([4, 7], ..) and ([2], ..); rank 1 gets ([1], ..) and ([], row 2 as a stand-in, 0.0)."""
     rank, size = world()
-    for rows, mb in micro_batches(batch, token_budget):
+    for rows, mb in micro_batches(batch, token_budget, packed):
         mine = list(range(rank, len(rows), size))
         part = mb.select(mine or [0])
         tokens = float(mb.response_mask.sum())
@@ -92,12 +93,13 @@ def rank_micro_batches(batch: TrainBatch, token_budget: int) -> Iterator[tuple[l
         yield [rows[i] for i in mine], part, len(rows) * share if mine else 0.0
 
 
-def map_rank_micro_batches(batch: TrainBatch, token_budget: int,
-                           fn: Callable[[TrainBatch], torch.Tensor]) -> torch.Tensor:
+def map_rank_micro_batches(batch: TrainBatch, token_budget: int, fn: Callable[[TrainBatch], torch.Tensor],
+                           packed: bool = False) -> torch.Tensor:
     """`map_micro_batches` across the ranks: each runs `fn` on its rows of every micro-batch; the
     results, in the batch's row order on every rank (each row is one rank's, zeros elsewhere, so
     a sum gathers them exactly). # (B, T)"""
-    out = fill_rows(batch, ((rows, mb) for rows, mb, _ in rank_micro_batches(batch, token_budget)), fn)
+    parts = ((rows, mb) for rows, mb, _ in rank_micro_batches(batch, token_budget, packed))
+    out = fill_rows(batch, parts, fn)
     dist.all_reduce(out)
     return out
 

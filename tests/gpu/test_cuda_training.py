@@ -43,3 +43,47 @@ def test_every_pipeline_trains_on_one_gpu(tiny_cache, tmp_path, pipeline):
     steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "timing_s/step" in r]
     assert len(steps) >= 3 and ctx.synchronizer.transfers >= 1
     assert all(math.isfinite(r["actor/pg_loss"]) for r in steps if "actor/pg_loss" in r)
+
+
+def qwen2_small() -> torch.nn.Module:
+    """Qwen2-shaped, head_dim 64 as Qwen2-0.5B's, random weights, on the GPU."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=512, tie_word_embeddings=True)
+    return Qwen2ForCausalLM(config).cuda()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_rows_on_cuda_match_padded(dtype, monkeypatch):
+    """model.use_remove_padding on CUDA (the default there): bf16 runs FlashAttention over the
+    packed rows (torch's varlen_attn), float32 sdpa row by row; log-probs and gradients as padded."""
+    import torch.nn.attention.varlen as varlen
+
+    from asyncrl.algorithms.logprobs import logprobs_from_logits
+    from asyncrl.training.actor import response_logits
+    from asyncrl.training.batch import build_batch
+    from asyncrl.training.packing import enable_packing
+    from tests.training.test_packing import spread_groups
+
+    calls = []
+    flash = varlen.varlen_attn
+    monkeypatch.setattr(varlen, "varlen_attn", lambda *a, **k: calls.append(a[0].shape) or flash(*a, **k))
+    batch = build_batch(spread_groups(), pad_id=0).to(torch.device("cuda"))
+    results = []
+    for pack in (False, True):
+        model = qwen2_small()
+        if pack:
+            enable_packing(model)
+        out = response_logits(model, batch, dtype, pack=pack)
+        log_prob = out.to_rows(logprobs_from_logits(out.logits, out.labels))
+        (log_prob * batch.response_mask).sum().backward()
+        grad = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results.append((log_prob.detach() * batch.response_mask, grad))
+    assert len(calls) == (2 if dtype == torch.bfloat16 else 0)  # one per layer
+    (padded, padded_grad), (packed, packed_grad) = results
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
+    torch.testing.assert_close(packed, padded, **tol)
+    cosine = torch.nn.functional.cosine_similarity(packed_grad, padded_grad, dim=0)
+    assert cosine > (0.99999 if dtype == torch.float32 else 0.99), float(cosine)

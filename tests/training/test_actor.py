@@ -46,12 +46,13 @@ def prepared_batch(model, groups, actor):
     return batch
 
 
-def update_with_budget(groups, budget, mode, policy_loss="vanilla"):
-    """Gradients, metrics and the micro-batch shapes of one train step at token budget `budget`."""
+def update_with_budget(groups, budget, mode, policy_loss="vanilla", pack=False):
+    """Gradients, metrics and the micro-batch shapes of one train step at token budget `budget`
+    (padded micro-batches unless `pack`)."""
     model = tiny_lm()
     cfg = ActorConfig(ppo_micro_batch_tokens=budget, loss_agg_mode=mode, lr=1e-2, grad_clip=1e9,
                       policy_loss=policy_loss, entropy_coeff=0.01)
-    actor = Actor(model, cfg, temperature=1.0, norm_length=4)
+    actor = Actor(model, cfg, temperature=1.0, norm_length=4, use_remove_padding=pack)
     batch = prepared_batch(model, groups, actor)
     batch.old_log_probs = batch.old_log_probs - 0.05 * batch.response_mask  # ratios != 1: clipping matters
     shapes, loss_of = [], actor._micro_batch_loss
@@ -65,14 +66,16 @@ def update_with_budget(groups, budget, mode, policy_loss="vanilla"):
     return torch.cat([p.grad.flatten() for p in model.parameters()]), metrics, shapes, batch
 
 
+@pytest.mark.parametrize("pack", [False, True])
 @pytest.mark.parametrize("ragged", [False, True])
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_micro_batching_gives_the_same_update(mode, ragged):
+def test_micro_batching_gives_the_same_update(mode, ragged, pack):
     """One micro-batch vs length-sorted, trimmed ones (ragged: prompts of 2-7 and responses of
-    1-14 tokens, so micro-batches drop columns on both sides and rows run out of order)."""
+    1-14 tokens, so micro-batches drop columns on both sides and rows run out of order), padded
+    or packed."""
     groups = make_ragged_groups() if ragged else make_groups(2, 4)
-    whole, whole_metrics, whole_shapes, batch = update_with_budget(groups, 10_000, mode)
-    split, split_metrics, split_shapes, _ = update_with_budget(groups, 30 if ragged else 8, mode)
+    whole, whole_metrics, whole_shapes, batch = update_with_budget(groups, 10_000, mode, pack=pack)
+    split, split_metrics, split_shapes, _ = update_with_budget(groups, 30 if ragged else 8, mode, pack=pack)
     assert whole_shapes == [tuple(batch.input_ids.shape)] and len(split_shapes) > 2
     torch.testing.assert_close(whole, split, rtol=1e-4, atol=1e-7)
     for key in ("actor/pg_loss", "actor/entropy"):

@@ -1,5 +1,6 @@
 """FSDP2 data parallelism: an actor on 2 CPU ranks (gloo) trains, computes log-probs, streams
-gradients and checkpoints exactly as the single-process actor does on the same batch.
+gradients and checkpoints exactly as the single-process actor does on the same batch, with
+padded or packed (`use_remove_padding`) micro-batches.
 
 The ranks run in spawned processes; rank 0 writes what it sees to a file, the test compares it
 with a single-process actor here. A rank that fails, or ranks that wait on each other, end the
@@ -36,10 +37,10 @@ CONFIGS = {  # no clipping / clipping, entropy and KL losses
 }
 
 
-def make_actor(name: str) -> Actor:
+def make_actor(name: str, pack: bool = False) -> Actor:
     cfg = ActorConfig(ppo_micro_batch_tokens=BUDGET, lr=1e-2, warmup_steps=0, weight_decay=0.01,
                       entropy_coeff=0.01, **CONFIGS[name])
-    return Actor(tiny_lm(), cfg, temperature=1.0, norm_length=4)
+    return Actor(tiny_lm(), cfg, temperature=1.0, norm_length=4, use_remove_padding=pack)
 
 
 def prepared_batch() -> TrainBatch:
@@ -69,6 +70,13 @@ def run_actor(batch: TrainBatch, ckpt: Path) -> dict[str, Any]:
         metrics = actor.train_step(batch, num_mini_batches=2)
         out[name] = {"weights": copied(actor.named_weights()), "log_probs": actor.compute_log_probs(batch),
                      "metrics": metrics}
+    packed = make_actor("token-mean", pack=True)
+    out["packed"] = {"log_probs_before": packed.compute_log_probs(batch),
+                     "metrics": packed.train_step(batch, num_mini_batches=2)}
+    out["packed"] |= {"weights": copied(packed.named_weights()), "log_probs": packed.compute_log_probs(batch)}
+    for chunk in halves(batch):
+        packed.accumulate(chunk)
+    out["packed"] |= {"stream_metrics": packed.apply_update(), "stream_weights": copied(packed.named_weights())}
     stream = make_actor("token-mean")
     for chunk in halves(batch):
         stream.accumulate(chunk)
@@ -155,6 +163,20 @@ def test_sharded_train_step_equals_single_process(runs, name):
     assert single[name]["weights"]["model.norm.weight"].ne(1).any()  # it trained
     if name == "seq-mean-token-sum-norm":
         assert single[name]["metrics"]["actor/grad_norm"] > 0.05  # the clip is active
+
+
+def test_sharded_packed_steps_equal_single_process(runs):
+    """Packed rows on 2 ranks: log-probs, a train step and a stream update as in one process;
+    and packed log-probs equal the padded ones."""
+    sharded, single, _ = runs
+    for key in ("log_probs_before", "log_probs"):
+        torch.testing.assert_close(sharded["packed"][key], single["packed"][key], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(single["packed"]["log_probs_before"], prepared_batch().old_log_probs + 0.05 *
+                               prepared_batch().response_mask, rtol=1e-5, atol=1e-6)
+    for key in ("weights", "stream_weights"):
+        assert_same_weights(sharded["packed"][key], single["packed"][key])
+    for key in ("metrics", "stream_metrics"):
+        assert_same_metrics(sharded["packed"][key], single["packed"][key])
 
 
 def test_sharded_stream_update_equals_single_process(runs):

@@ -1,0 +1,126 @@
+"""Attention over packed rows at each row's own cost: sum(length^2), not the N^2 of a dense
+block-diagonal mask over the N packed tokens.
+
+transformers restricts packed rows to themselves with sdpa or eager too (packing.py), but with a
+dense (N, N) mask: at 8K packed tokens that is 100x the attention of the same rows padded to
+~100 tokens each, and building the mask alone takes ~0.7 s on a CPU. This implementation,
+registered with transformers under `NAME`, builds no mask for a call without padding or cache
+(`packed_mask`) and takes the rows' boundaries from the packed forward (`cu_seq_lens_q`,
+`max_length_q`: the names transformers' flash-attention path uses; else from `position_ids`
+restarting, in a sequence of batch 1), then runs
+- on CUDA in bf16/fp16: `torch.nn.attention.varlen.varlen_attn` (FlashAttention over
+  variable-length rows, torch 2.10+);
+- otherwise: sdpa, causal, on each row in turn.
+Every other call (padded batches, generation with a cache) goes to transformers' sdpa with
+sdpa's masks. `use_packed_attention(model)` switches a model whose attention is sdpa or eager to
+it; flash-attention models already run packed rows as varlen and keep theirs. Checkpoints do not
+record the switch (transformers does not save the implementation).
+
+Not here: which rows are packed together (`packing.pack`) or any check that the result is right
+(`packing.check_packing` compares packed rows with rows run alone).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+NAME = "asyncrl_packed"
+_SWITCHED = ("sdpa", "eager")
+
+
+def use_packed_attention(model: nn.Module) -> None:
+    """Run `model`'s attention through `packed_attention` when it is sdpa or eager (in place)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, packed_attention)
+    AttentionMaskInterface.register(NAME, packed_mask)
+    base: Any = cast(Any, model).get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    config = getattr(base, "config", None)
+    if config is not None and getattr(config, "_attn_implementation", None) in _SWITCHED:
+        base.set_attn_implementation(NAME)
+
+
+def packed_mask(*args: Any, **kwargs: Any) -> Tensor | None:
+    """transformers' mask interface: sdpa's mask, but none for a call without a padding mask, a
+    cache, a sliding window or extra mask functions (packed rows, or one row), whose rows
+    `packed_attention` finds itself."""
+    from transformers.masking_utils import sdpa_mask
+
+    plain = (not args and kwargs.get("attention_mask") is None and kwargs.get("q_length") == kwargs.get("kv_length")
+             and not kwargs.get("kv_offset") and kwargs.get("local_size") is None and not kwargs.get("use_vmap"))
+    return None if plain else sdpa_mask(*args, **kwargs)
+
+
+def packed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                     dropout: float = 0.0, scaling: float | None = None, **kwargs: Any) -> tuple[Tensor, None]:
+    """transformers' attention interface: (B, H, N, D) query, (B, H_kv, N, D) key and value ->
+    (B, N, H, D). Packed rows (batch 1, no mask) attend causally within themselves."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bounds = kwargs.get("cu_seq_lens_q")
+    if bounds is None and attention_mask is None and query.shape[0] == 1 and query.shape[2] == key.shape[2]:
+        bounds = _bounds(kwargs.get("position_ids"), query.shape[2])
+    if bounds is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    assert query.shape[0] == 1, "packed rows are one sequence"
+    assert kwargs.get("sliding_window") is None, "packed attention has no sliding window"
+    if _flash_ok(query, dropout):
+        longest = kwargs.get("max_length_q") or int((bounds[1:] - bounds[:-1]).max())
+        return _flash(query, key, value, bounds.to(query.device, torch.int32), longest, scaling), None
+    return _per_row(query, key, value, bounds.tolist(), dropout, scaling), None
+
+
+def _bounds(position_ids: Tensor | None, length: int) -> Tensor | None:
+    """Row boundaries of one packed sequence, from where its positions do not rise by 1 (as
+    transformers' `find_packed_sequence_indices`); None for one row."""
+    if position_ids is None:
+        return None
+    starts = torch.nonzero(torch.diff(position_ids[0]) != 1).flatten() + 1  # of every row but the first
+    if len(starts) == 0:
+        return None
+    return torch.cat([starts.new_tensor([0]), starts, starts.new_tensor([length])])
+
+
+def _flash_ok(query: Tensor, dropout: float) -> bool:
+    if not query.is_cuda or dropout:
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return _dtype(query) in (torch.bfloat16, torch.float16)
+
+
+def _dtype(query: Tensor) -> torch.dtype:
+    """What the kernel runs in: the autocast dtype if on (rotary embeddings leave q, k float32)."""
+    device = query.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+
+
+def _flash(query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: int,
+           scaling: float | None) -> Tensor:
+    from torch.nn.attention.varlen import varlen_attn
+
+    dtype = _dtype(query)
+    q, k, v = (x[0].transpose(0, 1).to(dtype).contiguous() for x in (query, key, value))  # (N, H, D)
+    out = varlen_attn(q, k, v, bounds, bounds, longest, longest, scale=scaling, window_size=(-1, 0),
+                      enable_gqa=q.shape[1] != k.shape[1])  # (N, H, D): no aux asked for
+    return cast(Tensor, out)[None]  # (1, N, H, D)
+
+
+def _per_row(query: Tensor, key: Tensor, value: Tensor, bounds: list[int], dropout: float,
+             scaling: float | None) -> Tensor:
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: each KV head serves `groups` query heads
+        key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    # split, not slices: its backward is one cat, where each slice's would fill a whole (1, H, N, D)
+    rows = [F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling)
+            for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value)), strict=True)]
+    return torch.cat(rows, dim=2).transpose(1, 2)  # (1, N, H, D)
