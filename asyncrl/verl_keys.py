@@ -139,6 +139,7 @@ TABLE: dict[str, To] = {
     R + "top_k": to("rollout.top_k"),
     R + "tensor_model_parallel_size": to("rollout.tensor_model_parallel_size"),
     R + "max_num_seqs": to("rollout.max_num_seqs"),
+    R + "gpu_memory_utilization": to("rollout.gpu_memory_utilization"),
     R + "ignore_eos": to("rollout.ignore_eos"),
     R + "val_kwargs.temperature": to("rollout.val_temperature"),
     R + "val_kwargs.n": to("rollout.val_n"),
@@ -202,7 +203,7 @@ actor_rollout_ref.model.override_config
 actor_rollout_ref.model.fused_kernel_options
 actor_rollout_ref.model.tiled_mlp
 actor_rollout_ref.model.mtp
-actor_rollout_ref.rollout: name prompt_length response_length dtype gpu_memory_utilization enforce_eager
+actor_rollout_ref.rollout: name prompt_length response_length dtype enforce_eager
 actor_rollout_ref.rollout: cudagraph_capture_sizes data_parallel_size expert_parallel_size max_num_batched_tokens
 actor_rollout_ref.rollout: pipeline_model_parallel_size max_model_len enable_chunked_prefill enable_prefix_caching
 actor_rollout_ref.rollout: logprobs_mode scheduling_policy load_format log_prob_micro_batch_size disable_log_stats
