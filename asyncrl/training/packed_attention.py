@@ -22,6 +22,7 @@ Not here: which rows are packed together (`packing.pack`) or any check that the 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, cast
 
 import torch
@@ -88,13 +89,15 @@ def _bounds(position_ids: Tensor | None, length: int) -> Tensor | None:
 
 
 def _flash_ok(query: Tensor, dropout: float) -> bool:
-    if not query.is_cuda or dropout:
+    """Whether `varlen_attn` can run this call: CUDA, half precision, no dropout, and a torch whose
+    `varlen_attn` takes the arguments `_flash` passes (torch 2.13's; older ones may not)."""
+    if not query.is_cuda or dropout or _dtype(query) not in (torch.bfloat16, torch.float16):
         return False
     try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+        from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return False
-    return _dtype(query) in (torch.bfloat16, torch.float16)
+    return {"scale", "window_size", "enable_gqa"} <= set(inspect.signature(varlen_attn).parameters)
 
 
 def _dtype(query: Tensor) -> torch.dtype:

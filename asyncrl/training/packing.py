@@ -58,8 +58,9 @@ class Packed:
 def pack(batch: TrainBatch) -> Packed:
     """`batch`'s attended tokens, row after row, as one (1, N) sequence.
 
-    Needs contiguous rows (left-padded prompt, right-padded response, as `build_batch` makes)
-    whose `position_ids` count from 0 (transformers finds row starts where they do not rise by 1).
+    Needs contiguous rows (left-padded prompt, right-padded response) whose `position_ids` count
+    from 0 at their first real token, as `build_batch` makes them: the rotary positions stay
+    those of the padded rows.
     Example: P = 2, T = 2, attention [[0, 1 | 1, 0], [1, 1 | 1, 1]] -> ids of the 1s, positions
     [0, 1, 0, 1, 2, 3], predicts [0, 3, 4] (row 0's prompt token, row 1's 2nd and 3rd tokens)."""
     keep = batch.attention_mask != 0  # (B, P+T)
@@ -111,17 +112,15 @@ def check_packing(model: nn.Module, logits: bool = True) -> None:
 
 
 def _first_output(model: nn.Module, rows: list[Tensor], logits: bool) -> Tensor:
-    """`model` on `rows` packed into one sequence, as the trainer runs it."""
+    """`model` on `rows` packed into one sequence, called as the trainer calls it."""
     device = rows[0].device
-    lengths = torch.tensor([0] + [len(row) for row in rows], device=device)
-    bounds = lengths.cumsum(0).to(torch.int32)
-    kwargs = dict(input_ids=torch.cat(rows)[None], position_ids=torch.cat([torch.arange(len(r), device=device)
-                                                                          for r in rows])[None],
-                  cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=max(len(r) for r in rows),
-                  max_length_k=max(len(r) for r in rows), use_cache=False)
+    lengths = [len(row) for row in rows]
+    bounds = torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
+    positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+    kwargs = dict(input_ids=torch.cat(rows)[None], position_ids=positions[None], cu_seq_lens_q=bounds,
+                  cu_seq_lens_k=bounds, max_length_q=max(lengths), max_length_k=max(lengths), use_cache=False)
     if logits:
-        n = int(bounds[-1])
-        return model(**kwargs, logits_to_keep=torch.arange(n, device=device)).logits
+        return model(**kwargs, logits_to_keep=torch.arange(sum(lengths), device=device)).logits
     return model(**kwargs)[0]
 
 
