@@ -5,7 +5,8 @@ token sits at the same column and `logits[:, P-1 : P-1+T]` predict the response.
 tensors over the response are (B, T); `response_mask` marks real tokens.
 Micro-batches are length-aware: rows sorted by length, grouped to keep padding low, and each
 group cut to the columns its own rows use (`plan_micro_batches`, `trim`). When the trainer packs
-(`asyncrl.training.packing`), a group costs its rows' real tokens instead of rows x width.
+(`asyncrl.training.packing`), a group costs its rows' real tokens instead of rows x width, and
+rows are filled first-fit decreasing into groups within the budget (`fill_micro_batches`).
 This module does not compute anything RL-specific; it only arranges data.
 """
 
