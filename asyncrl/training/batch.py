@@ -5,7 +5,8 @@ token sits at the same column and `logits[:, P-1 : P-1+T]` predict the response.
 tensors over the response are (B, T); `response_mask` marks real tokens.
 Micro-batches are length-aware: rows sorted by length, grouped to keep padding low, and each
 group cut to the columns its own rows use (`plan_micro_batches`, `trim`). When the trainer packs
-(`asyncrl.training.packing`), a group costs its rows' real tokens instead of rows x width.
+(`asyncrl.training.packing`), a group costs its rows' real tokens instead of rows x width, and
+rows are filled first-fit decreasing into groups within the budget (`fill_micro_batches`).
 This module does not compute anything RL-specific; it only arranges data.
 """
 
@@ -164,25 +165,24 @@ def plan_micro_batches(prompt_B: Sequence[int], response_B: Sequence[int], token
                        overhead: int = MICRO_BATCH_OVERHEAD_TOKENS, packed: bool = False) -> list[list[int]]:
     """Row groups, each to be one micro-batch: padded to its own widths (longest prompt +
     longest response among its rows), or with `packed` its rows' real tokens back to back
-    (`asyncrl.training.packing`).
+    (`asyncrl.training.packing`, see `fill_micro_batches`).
 
-    Split rule: sort rows by real length (prompt + response), then cut the sorted list into
-    consecutive runs minimising the runs' tokens + `overhead` per run, each run within
-    `token_budget` tokens (a single row over it runs alone). A run's tokens are rows x own width
-    padded, the sum of its rows' lengths packed. A DP over cut points.
+    Padded split rule: sort rows by real length (prompt + response), then cut the sorted list
+    into consecutive runs minimising sum(rows x own width) + `overhead` per run, each run within
+    `token_budget` padded tokens (a single row over it runs alone). A DP over cut points.
     Example: lengths 20, 20, 20, 100 (prompt 16), budget 1000, overhead 50: together 4 x 100 +
-    50 = 450; split [3 x 20 + 50] + [100 + 50] = 260, so two micro-batches. Packed, together
-    costs 160 + 50 = 210 < 260: one micro-batch."""
+    50 = 450; split [3 x 20 + 50] + [100 + 50] = 260, so two micro-batches."""
+    if packed:
+        return fill_micro_batches([p + r for p, r in zip(prompt_B, response_B, strict=True)], token_budget)
     n = len(prompt_B)
     order = sorted(range(n), key=lambda i: (prompt_B[i] + response_B[i], response_B[i]))
     best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of the first j sorted rows
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
-        prompt = response = real = 0
+        prompt = response = 0
         for i in range(j - 1, -1, -1):  # the last run is order[i:j]
             prompt, response = max(prompt, prompt_B[order[i]]), max(response, response_B[order[i]])
-            real += prompt_B[order[i]] + response_B[order[i]]
-            tokens = real if packed else (j - i) * (prompt + response)
+            tokens = (j - i) * (prompt + response)
             if tokens > token_budget and i < j - 1:
                 break  # widening the run only adds tokens
             if best[i] + tokens + overhead < best[j]:
@@ -192,6 +192,23 @@ def plan_micro_batches(prompt_B: Sequence[int], response_B: Sequence[int], token
         runs.append(order[cut[j] : j])
         j = cut[j]
     return runs[::-1]
+
+
+def fill_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Rows grouped so each group's total length fits `token_budget` (a row over it runs alone),
+    in few groups: first-fit decreasing, the longest row first, each into the first group with
+    room for it. A packed micro-batch costs its real tokens, so fewer, fuller groups cost less.
+    Example: lengths 60, 50, 40, 30, 20, budget 100 -> [[0, 2], [1, 3, 4]] (100 and 100)."""
+    groups: list[list[int]] = []
+    room: list[int] = []
+    for row in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        k = next((k for k, free in enumerate(room) if lengths[row] <= free), len(groups))
+        if k == len(groups):
+            groups.append([])
+            room.append(token_budget)
+        groups[k].append(row)
+        room[k] -= lengths[row]
+    return groups
 
 
 def micro_batches(batch: TrainBatch, token_budget: int,

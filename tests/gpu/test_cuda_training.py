@@ -5,6 +5,7 @@ under bf16 autocast, results back on the CPU; colocated, one_step_off and fully_
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 
 import pytest
@@ -69,7 +70,13 @@ def test_packed_rows_on_cuda_match_padded(dtype, monkeypatch):
 
     calls = []
     flash = varlen.varlen_attn
-    monkeypatch.setattr(varlen, "varlen_attn", lambda *a, **k: calls.append(a[0].shape) or flash(*a, **k))
+
+    @functools.wraps(flash)  # keeps the signature packed attention checks
+    def recording(*args, **kwargs):
+        calls.append(args[0].shape)
+        return flash(*args, **kwargs)
+
+    monkeypatch.setattr(varlen, "varlen_attn", recording)
     batch = build_batch(spread_groups(), pad_id=0).to(torch.device("cuda"))
     results = []
     for pack in (False, True):

@@ -16,7 +16,14 @@ from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logit
 from asyncrl.config_schema import ActorConfig, CriticConfig, ModelConfig
 from asyncrl.errors import ConfigError
 from asyncrl.training.actor import Actor, RefWorker, response_logits
-from asyncrl.training.batch import TrainBatch, build_batch, micro_batches, plan_micro_batches, row_spans
+from asyncrl.training.batch import (
+    TrainBatch,
+    build_batch,
+    fill_micro_batches,
+    micro_batches,
+    plan_micro_batches,
+    row_spans,
+)
 from asyncrl.training.critic import Critic
 from asyncrl.training.lora import apply_lora
 from asyncrl.training.memory import enable_gradient_checkpointing
@@ -200,16 +207,24 @@ def test_bf16_packed_log_probs_track_float32():
 
 
 def test_packed_plan_counts_real_tokens():
-    # The docstring example: padded, [20 x 3] + [100] (260) beats 4 x 100 + 50 (450); packed, all
-    # four rows are 160 real tokens: one micro-batch (210).
+    # plan_micro_batches' example: padded, [20 x 3] + [100] (260) beats 4 x 100 + 50 (450); packed,
+    # the four rows are 160 real tokens: one micro-batch.
     prompts, responses = [16] * 4, [84, 4, 4, 4]
     assert plan_micro_batches(prompts, responses, 1000, overhead=50) == [[1, 2, 3], [0]]
-    assert plan_micro_batches(prompts, responses, 1000, overhead=50, packed=True) == [[1, 2, 3, 0]]
-    # Budget 160: padded, 4 x 100 is over it; packed, 160 is not.
-    assert plan_micro_batches(prompts, responses, 160, overhead=50, packed=True) == [[1, 2, 3, 0]]
+    assert plan_micro_batches(prompts, responses, 1000, overhead=50, packed=True) == [[0, 1, 2, 3]]
+    # Budget 160: padded, 4 x 100 is over it; packed, 160 is not. 159: the last 20 spills over.
     assert plan_micro_batches(prompts, responses, 160, overhead=50) == [[1, 2, 3], [0]]
-    # Budget 159: packed too must split, and any cut costs the same: [20 x 3] + [100] comes first.
-    assert plan_micro_batches(prompts, responses, 159, overhead=50, packed=True) == [[1, 2, 3], [0]]
+    assert plan_micro_batches(prompts, responses, 160, packed=True) == [[0, 1, 2, 3]]
+    assert plan_micro_batches(prompts, responses, 159, packed=True) == [[0, 1, 2], [3]]
+
+
+def test_fill_micro_batches_is_first_fit_decreasing():
+    assert fill_micro_batches([60, 50, 40, 30, 20], 100) == [[0, 2], [1, 3, 4]]  # the docstring example
+    # Consecutive runs of the sorted lengths would need 3: [20, 30, 40], [50], [60]; so would
+    # first fit in the given order: [20, 60], [30, 50], [40].
+    assert fill_micro_batches([20, 60, 30, 50, 40], 100) == [[1, 4], [3, 2, 0]]
+    assert fill_micro_batches([300, 10, 10], 100) == [[0], [1, 2]]  # a row over the budget runs alone
+    assert fill_micro_batches([], 100) == []
 
 
 def test_packed_micro_batches_stay_within_the_budget_of_real_tokens():
