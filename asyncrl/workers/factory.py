@@ -95,21 +95,21 @@ def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
     cast(nn.Module, model).to(cfg.trainer.device)  # in place: float32 master weights (model.dtype: compute)
-    dtype = compute_dtype(cfg)
+    dtype, pack = compute_dtype(cfg), cfg.model.use_remove_padding
     ref = None
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, cfg.actor.ppo_micro_batch_tokens,
-                        compute_dtype=dtype)
+                        compute_dtype=dtype, use_remove_padding=pack)
     critic = None
     if cfg.algorithm.adv_estimator == "gae":
         critic = Critic(model, cfg.critic, micro_batch_tokens=cfg.actor.ppo_micro_batch_tokens,
-                        loss_agg_mode=cfg.actor.loss_agg_mode, compute_dtype=dtype)
+                        loss_agg_mode=cfg.actor.loss_agg_mode, compute_dtype=dtype, use_remove_padding=pack)
         if cfg.model.enable_gradient_checkpointing:
             enable_gradient_checkpointing(critic.model.body)
     # Reference and critic copied the base model above; the actor trains it (LoRA: its adapters).
     actor = Actor(prepare_actor_model(model, cfg.model), cfg.actor, temperature=cfg.rollout.temperature or 1.0,
                   norm_length=cfg.data.max_response_length, total_steps=total_optimizer_steps(cfg),
-                  compute_dtype=dtype)
+                  compute_dtype=dtype, use_remove_padding=pack)
     trainer = PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
                          old_log_prob_source=old_log_prob_source(cfg, exact_rollout_log_probs(cfg)))
     if compute is not None:
