@@ -35,13 +35,11 @@ def make_groups(n_prompts: int = 2, n: int = 3, seed: int = 0) -> list[Group]:
     return groups
 
 
-def make_ragged_groups(seed: int = 0) -> list[Group]:
-    """Three prompts of 2, 4 and 7 tokens x 4 long-tailed responses (1 to 14 tokens), so
-    length-sorted micro-batches drop padding columns on both sides."""
+def groups_of_lengths(prompt_lens: list[int], response_lens_P: list[list[int]], seed: int = 0) -> list[Group]:
+    """One group per prompt of the given length, one trajectory per response length (random tokens)."""
     g = torch.Generator().manual_seed(seed)
-    response_lens_P = [[1, 2, 11, 3], [2, 1, 14, 2], [5, 1, 3, 2]]
     groups = []
-    for p, (prompt_len, lens) in enumerate(zip((2, 4, 7), response_lens_P, strict=True)):
+    for p, (prompt_len, lens) in enumerate(zip(prompt_lens, response_lens_P, strict=True)):
         prompt = torch.randint(3, VOCAB, (prompt_len,), generator=g).tolist()
         trajs = [Trajectory(request_id=f"p{p}/{i}", prompt_ids=prompt,
                             response_ids=torch.randint(3, VOCAB, (r,), generator=g).tolist(),
@@ -51,3 +49,9 @@ def make_ragged_groups(seed: int = 0) -> list[Group]:
                         prompt_ids=tuple(prompt))
         groups.append(Group(uid=f"p{p}", row=row, trajectories=trajs))
     return groups
+
+
+def make_ragged_groups(seed: int = 0) -> list[Group]:
+    """Three prompts of 2, 4 and 7 tokens x 4 long-tailed responses (1 to 14 tokens), so
+    length-sorted micro-batches drop padding columns on both sides."""
+    return groups_of_lengths([2, 4, 7], [[1, 2, 11, 3], [2, 1, 14, 2], [5, 1, 3, 2]], seed)

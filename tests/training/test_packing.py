@@ -29,27 +29,15 @@ from asyncrl.training.lora import apply_lora
 from asyncrl.training.memory import enable_gradient_checkpointing
 from asyncrl.training.packed_attention import NAME
 from asyncrl.training.packing import check_packing, pack, unpack
-from asyncrl.types import Group, PromptRow, Trajectory
-from tests.training.helpers import VOCAB, make_ragged_groups, tiny_lm
+from asyncrl.types import Group
+from tests.training.helpers import groups_of_lengths, make_ragged_groups, tiny_lm
 
 TIGHT = dict(rtol=1e-10, atol=1e-12)  # float64
 
 
 def spread_groups(seed: int = 0) -> list[Group]:
     """Prompts of 1 to 9 tokens x responses of 0 to 60 (one empty): very different lengths."""
-    g = torch.Generator().manual_seed(seed)
-    response_lens_P = [[60, 1, 0, 3], [2, 35, 1, 17], [9, 4, 48, 1]]
-    groups = []
-    for p, (prompt_len, lens) in enumerate(zip((1, 9, 4), response_lens_P, strict=True)):
-        prompt = torch.randint(3, VOCAB, (prompt_len,), generator=g).tolist()
-        trajs = [Trajectory(request_id=f"p{p}/{i}", prompt_ids=prompt,
-                            response_ids=torch.randint(3, VOCAB, (r,), generator=g).tolist(),
-                            logprobs=[-1.0] * r, versions=[0] * r, finish_reason="stop", reward=float(i % 2))
-                 for i, r in enumerate(lens)]
-        row = PromptRow(uid=f"p{p}", data_source="arithmetic", messages=(), ground_truth="0",
-                        prompt_ids=tuple(prompt))
-        groups.append(Group(uid=f"p{p}", row=row, trajectories=trajs))
-    return groups
+    return groups_of_lengths([1, 9, 4], [[60, 1, 0, 3], [2, 35, 1, 17], [9, 4, 48, 1]], seed)
 
 
 def lm64(seed: int = 0) -> nn.Module:
