@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
@@ -69,12 +68,6 @@ class RankGroup:
 
     async def call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
         return (await asyncio.gather(*(r.call(method, *args, **kwargs) for r in self.ranks)))[0]
-
-    async def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        return await self.ranks[0].run(fn, *args, **kwargs)
-
-    async def pid(self) -> int:
-        return await self.ranks[0].pid()
 
 
 class ProcessSubstrate:
