@@ -32,7 +32,8 @@ case "$cmd" in
   test)  # lint and type-check first (seconds): a role, engine or sim worker off its protocol fails here
          "$venv/bin/ruff" check asyncrl tests bench
          "$venv/bin/mypy"
-         exec "$venv/bin/python" -m pytest "$@" ;;
+         # two pytest-xdist workers (the tests on Ray share one: tests/conftest.py); `-n 0` runs in-process
+         exec "$venv/bin/python" -m pytest -n 2 --dist loadgroup "$@" ;;
   bench) exec "$venv/bin/python" bench/run_all.py "$@" ;;
   *)     exec "$venv/bin/asyncrl" "$cmd" "$@" ;;
 esac

@@ -3,7 +3,8 @@
 - One torch thread (the CI machine has 2 cores shared with others).
 - Offline: a test that opens a network connection to anything but this machine fails
   (`no_network`); Ray is started on the loopback address for that reason.
-- One warmed-up tiny model (`tiny_cache`) and one Ray cluster (`ray_cluster`) per test run.
+- One warmed-up tiny model (`tiny_cache`) per pytest worker and one Ray cluster (`ray_cluster`)
+  per test run: `./run.sh test` runs two xdist workers, and the tests on Ray all go to one.
 """
 
 from __future__ import annotations
@@ -77,6 +78,15 @@ def start_ray() -> None:
     from asyncrl.workers.ray_host import init_ray
 
     init_ray(num_cpus=4, log_to_driver=False, node_ip="127.0.0.1")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`./run.sh test` runs two pytest-xdist workers (`--dist loadgroup`): every test on Ray goes
+    to the same one, in file order, so one Ray cluster serves them all (test_ray_host's last test
+    restarts it) and two clusters never compete for the machine's cores."""
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")

@@ -95,12 +95,25 @@ def test_a_crash_in_the_rollouter_fails_the_run(tiny_cache, tmp_path, monkeypatc
         asyncio.run(fully_async.run(ctx))
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
-def test_every_mode_learns_on_ray(tiny_cache, ray_cluster, tmp_path, mode):
-    rows = run_pipeline(tmp_path, "pipeline=fully_async", "backend=ray", *MODES[mode],
+def assert_learns(tmp_path, mode: str, backend: str) -> None:
+    rows = run_pipeline(tmp_path, "pipeline=fully_async", f"backend={backend}", *MODES[mode],
                         "trainer.total_training_steps=40", "rollout.test_freq=20")
-    val = val_scores(rows)
-    assert max(val[1:]) >= val[0] + 0.05 and sum(val[1:]) / len(val[1:]) >= val[0] + 0.03, val
+    val, train = val_scores(rows), [r["critic/score/mean"] for r in rows if "critic/score/mean" in r]
+    assert max(val[1:]) >= val[0] + 0.05, val
+    # the mean of 16 updates' sampled rewards: greedy validation of the tiny model swings by
+    # +-0.1 between checkpoints 20 updates apart (0.33, 0.24, 0.33), so its mean is no test
+    assert len(train) == 80 and sum(train[-16:]) / 16 >= sum(train[:16]) / 16 + 0.05, train
+
+
+# two modes on Ray, two in one process (the same pipeline code; the Ray tests run one at a time)
+@pytest.mark.parametrize("mode", ["a_on_policy", "d_partial"])
+def test_modes_learn_on_ray(tiny_cache, ray_cluster, tmp_path, mode):
+    assert_learns(tmp_path, mode, "ray")
+
+
+@pytest.mark.parametrize("mode", ["b_stream_off_policy", "c_stale"])
+def test_modes_learn_in_one_process(tiny_cache, tmp_path, mode):
+    assert_learns(tmp_path, mode, "local")
 
 
 def test_resume_continues_the_count_and_syncs_once(tiny_cache, tmp_path):
