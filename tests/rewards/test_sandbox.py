@@ -9,6 +9,7 @@ root-owned dirs, no signals to the worker, orphans swept) needs root, so those c
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -23,7 +24,7 @@ from asyncrl.config_schema import SandboxConfig
 from asyncrl.rewards.code_exec import code_score, compute_code
 from asyncrl.rewards.sandbox import Sandbox, make_sandbox
 from asyncrl.rewards.sandbox.bwrap import available
-from asyncrl.rewards.sandbox.process import MAX_SLOTS, SLOT_UID_BASE, is_zombie
+from asyncrl.rewards.sandbox.process import MAX_SLOTS, SLOT_DIR, SLOT_UID_BASE, is_zombie
 
 CFG = SandboxConfig(memory_mb=512, tmp_mb=8, max_output_kb=64, max_processes=16)
 ONE = json.dumps({"fn_name": "f", "tests": [{"input": [1], "output": 4}, {"input": [2], "output": 7}]})
@@ -45,16 +46,29 @@ def score(sandbox: Sandbox, body: str, timeout_s: float = 1.0) -> dict[str, floa
 
 
 def slot_processes() -> list[int]:
-    """Processes still owned by any sandbox slot uid (there must be none after a run)."""
+    """Processes still owned by a sandbox slot uid that no run holds (there must be none after a
+    run). A slot another run holds (the other pytest worker's, say) is locked: its processes are
+    that run's, and it is left alone; a free slot is held while its processes are counted."""
     uids = range(SLOT_UID_BASE, SLOT_UID_BASE + MAX_SLOTS)
     found = []
-    for entry in os.listdir("/proc"):
+    for uid in {owner for pid in os.listdir("/proc") if (owner := live_owner(pid)) in uids}:
+        fd = os.open(f"{SLOT_DIR}/slot-{uid - SLOT_UID_BASE}", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid in uids and not is_zombie(entry):
-                found.append(int(entry))
-        except OSError:
-            continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            found += [int(pid) for pid in os.listdir("/proc") if live_owner(pid) == uid]
+        except BlockingIOError:
+            continue  # held by a run in progress
+        finally:
+            os.close(fd)
     return found
+
+
+def live_owner(pid: str) -> int:
+    """The uid of a live process (-1: not a process, gone, or a zombie)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid if pid.isdigit() and not is_zombie(pid) else -1
+    except OSError:
+        return -1
 
 
 def needs_root_for_rlimit(sandbox: Sandbox) -> None:
