@@ -123,6 +123,10 @@ class ResponseLogits:
         padding. # (B, T)"""
         return values if self.packed is None else packing.unpack(values[0], self.packed)
 
+    def log_probs(self, temperature: float) -> torch.Tensor:
+        """Log-probs of the labels (float32 math) in the (B, T) layout. # (B, T)"""
+        return self.to_rows(logprobs_from_logits(self.logits, self.labels, temperature))
+
 
 def response_logits(model: nn.Module, batch: TrainBatch, dtype: torch.dtype = torch.float32,
                     pack: bool = False) -> ResponseLogits:
@@ -144,8 +148,7 @@ def response_logits(model: nn.Module, batch: TrainBatch, dtype: torch.dtype = to
 def response_log_probs(model: nn.Module, batch: TrainBatch, temperature: float,
                        dtype: torch.dtype = torch.float32, pack: bool = False) -> torch.Tensor:
     """Log-probs of the response tokens (float32 math whatever `dtype`). # (B, T)"""
-    out = response_logits(model, batch, dtype, pack)
-    return out.to_rows(logprobs_from_logits(out.logits, out.labels, temperature))
+    return response_logits(model, batch, dtype, pack).log_probs(temperature)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -329,7 +332,7 @@ class Actor:
         cfg = self.cfg
         assert mb.advantages is not None
         out = response_logits(self.model, mb, self.compute_dtype, self.pack)
-        log_prob = out.to_rows(logprobs_from_logits(out.logits, out.labels, self.temperature))
+        log_prob = out.log_probs(self.temperature)
         # None: this forward runs on the weights that generated the batch (one optimizer step
         # per batch, see `train_step`), so its log-probs, detached, are the old ones exactly.
         old = log_prob.detach() * mb.response_mask if mb.old_log_probs is None else mb.old_log_probs
