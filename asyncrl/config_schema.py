@@ -103,7 +103,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class ActorConfig:
-    lr: float = 3e-4
+    lr: float = 2e-4
     """AdamW learning rate."""
     warmup_steps: int = 5
     """Linear learning-rate warm-up in optimizer steps (-1: use warmup_ratio)."""

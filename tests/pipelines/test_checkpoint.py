@@ -138,7 +138,7 @@ def test_resume_is_explicit_and_refuses_a_changed_config(tmp_path):
     longer = load_config(None, [f"trainer.output_dir={tmp_path}", "trainer.total_training_steps=99"])
     assert prepare_run(longer)[1] == path  # how long to run may change
     changed = [f"trainer.output_dir={tmp_path}", "actor.lr=0.5", "rollout.n=3"]
-    with pytest.raises(ConfigError, match=r"actor.lr: 0.0003 -> 0.5; rollout.n: 8 -> 3.*allow_config_change"):
+    with pytest.raises(ConfigError, match=r"actor.lr: 0.0002 -> 0.5; rollout.n: 8 -> 3.*allow_config_change"):
         prepare_run(load_config(None, changed))
     said: list[str] = []
     assert prepare_run(load_config(None, [*changed, "trainer.allow_config_change=true"]), said.append)[1] == path
