@@ -28,7 +28,7 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about a third more compute)."""
     use_remove_padding: bool = True
-    """Trainer runs each micro-batch's rows packed into one padding-free sequence (attention row by row)."""
+    """Trainer runs each micro-batch's rows packed into one padding-free sequence (attention within each row)."""
 
 
 @dataclass(frozen=True)

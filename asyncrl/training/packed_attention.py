@@ -10,7 +10,12 @@ registered with transformers under `NAME`, builds no mask for a call without pad
 restarting, in a sequence of batch 1), then runs
 - on CUDA in bf16/fp16: `torch.nn.attention.varlen.varlen_attn` (FlashAttention over
   variable-length rows, torch 2.10+);
-- otherwise: sdpa, causal, on each row in turn.
+- otherwise: sdpa, causal, on groups of rows of similar length (`row_groups`), each group
+  gathered into one right-padded batch: a call per row costs 0.1-0.2 ms of overhead on a CPU, which
+  for short rows (GRPO on short answers: hundreds of rows of ~30 tokens) costs more than the
+  attention itself, while one padded call over rows of very different lengths computes up to
+  rows x longest^2 for sum(length^2) of work. A causal row attends only to its own earlier
+  tokens, so its padding tail changes nothing and is dropped.
 Every other call (padded batches, generation with a cache) goes to transformers' sdpa with
 sdpa's masks. `use_packed_attention(model)` switches a model whose attention is sdpa or eager to
 it; flash-attention models already run packed rows as varlen and keep theirs. Checkpoints do not
@@ -22,7 +27,10 @@ Not here: which rows are packed together (`packing.pack`) or any check that the 
 
 from __future__ import annotations
 
+import functools
 import inspect
+import itertools
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -31,6 +39,11 @@ from torch import Tensor, nn
 
 NAME = "asyncrl_packed"
 _SWITCHED = ("sdpa", "eager")
+CALL_COST = 8192
+"""One attention call's fixed cost in token pairs (a row of length L costs L^2). On the 2-core CPU
+an sdpa call's forward and backward overhead (0.14 ms) is the work of ~4K token pairs of single
+rows, and a batched call also spreads better over the threads: groups at 8K were within a few
+percent of the fastest on short, uniform and long-tail rows (`bench/attention_groups.py`)."""
 
 
 def use_packed_attention(model: nn.Module) -> None:
@@ -119,11 +132,66 @@ def _flash(query: Tensor, key: Tensor, value: Tensor, bounds: Tensor, longest: i
 
 def _per_row(query: Tensor, key: Tensor, value: Tensor, bounds: list[int], dropout: float,
              scaling: float | None) -> Tensor:
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query attention: each KV head serves `groups` query heads
-        key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
-    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
-    # split, not slices: its backward is one cat, where each slice's would fill a whole (1, H, N, D)
-    rows = [F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling)
-            for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value)), strict=True)]
-    return torch.cat(rows, dim=2).transpose(1, 2)  # (1, N, H, D)
+    """Causal attention of each packed row within itself, a group of rows (`row_groups`) per sdpa
+    call: the tokens reordered group by group (one gather), each group's rows gathered from its
+    slice into a right-padded batch, and the real outputs put back in packed order. Every gather
+    is an index_select, whose backward adds into a tensor the size of its source: a group's own
+    slice, not all N tokens. # (1, N, H, D)"""
+    heads = query.shape[1] // key.shape[1]
+    if heads > 1:  # grouped-query attention: each KV head serves `heads` query heads
+        key, value = (x.repeat_interleave(heads, dim=1) for x in (key, value))
+    plan = _plan(tuple(b - a for a, b in zip(bounds, bounds[1:])), str(query.device))
+    slices = [x[0].transpose(0, 1).index_select(0, plan.order).split(plan.sizes)  # (tokens, H, D) per group
+              for x in (query, key, value)]
+    outs = []
+    for g, (rows, index, real) in enumerate(plan.groups):
+        q, k, v = (x[g].index_select(0, index).unflatten(0, (rows, -1)).transpose(1, 2) for x in slices)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling)
+        outs.append(out.transpose(1, 2).flatten(0, 1).index_select(0, real))  # (tokens, H, D)
+    return torch.cat(outs).index_select(0, plan.back)[None]  # (1, N, H, D)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    order: Tensor  # (N,) the packed tokens, group by group
+    sizes: list[int]  # tokens per group
+    groups: list[tuple[int, Tensor, Tensor]]  # rows; the padded batch's indices into the group's tokens; its real ones
+    back: Tensor  # (N,) from group order back to packed order
+
+
+@functools.lru_cache(maxsize=8)  # the layers of a forward share their rows' lengths
+def _plan(lengths: tuple[int, ...], device: str) -> _Plan:
+    starts = [0, *itertools.accumulate(lengths)]
+    order, sizes, groups = [], [], []
+    for rows in row_groups(lengths):
+        order += [torch.arange(starts[r], starts[r + 1]) for r in rows]
+        size = torch.tensor([lengths[r] for r in rows])[:, None]
+        first = torch.cat([size.new_zeros(1, 1), size[:-1].cumsum(0)])  # each row's first token in the group
+        column = torch.arange(int(size.max()))[None]
+        index = first + torch.minimum(column, size - 1)  # the padding tail repeats the row's last token
+        real = (column < size).flatten().nonzero().flatten()
+        sizes.append(int(size.sum()))
+        groups.append((len(rows), index.flatten().to(device), real.to(device)))
+    flat = torch.cat(order)
+    return _Plan(flat.to(device), sizes, groups, torch.argsort(flat).to(device))
+
+
+def row_groups(lengths: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """The rows (indices into `lengths`) that share an attention call: of the partitions of the
+    rows sorted by length into runs, the one of least cost, a run costing `CALL_COST` plus rows x
+    its longest row^2 (what its padded batch computes).
+    Example: (3, 3, 3, 300) -> ((3,), (0, 1, 2)): the long row alone, the short ones together."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    square = torch.tensor([float(lengths[i]) ** 2 for i in order], dtype=torch.float64)
+    best, start = [0.0], [0]  # best[j]: the least cost of the first j sorted rows; start[j]: its last run's first
+    for j in range(1, len(order) + 1):
+        # a last run of rows i..j-1 has row i as its longest
+        cost = torch.tensor(best) + CALL_COST + torch.arange(j, 0, -1, dtype=torch.float64) * square[:j]
+        i = int(cost.argmin())
+        best.append(float(cost[i]))
+        start.append(i)
+    runs, j = [], len(order)
+    while j:
+        runs.append(tuple(order[start[j]:j]))
+        j = start[j]
+    return tuple(runs[::-1])

@@ -6,10 +6,10 @@ restarting at 0 for each row and the rows' boundaries (`bounds`, flash attention
 `cu_seq_lens`). transformers (5.x) alone already keeps packed rows apart, given restarting
 position ids and no attention mask (`masking_utils.find_packed_sequence_indices`: a dense
 block-diagonal causal mask for sdpa and eager, varlen kernels for flash attention); sdpa and
-eager models are switched to `packed_attention`, which runs each row's attention alone instead
-of over an (N, N) mask. `enable_packing(model)` does that switch and `check_packing` then runs
-the model on two packed rows vs each alone, raising a ConfigError naming the key when they differ
-or the forward cannot take packed rows.
+eager models are switched to `packed_attention`, which runs each row's attention within itself
+(rows of similar length in one call) instead of over an (N, N) mask. `enable_packing(model)` does
+that switch and `check_packing` then runs the model on two packed rows vs each alone, raising a
+ConfigError naming the key when they differ or the forward cannot take packed rows.
 
 Only the positions that predict a real response token are read (`Packed.predicts`; the actor
 passes them as `logits_to_keep`, so the head runs on R response tokens, not N); `unpack` puts

@@ -1,6 +1,6 @@
-"""Packed attention: a switched model runs each packed row's attention alone (no (N, N) mask,
-no N-long attention call), finds rows from restarting positions when not told them, and runs
-padded batches exactly as sdpa does. The CUDA FlashAttention path is in tests/gpu."""
+"""Packed attention: a switched model runs packed rows' attention in groups of similar length
+(no (N, N) mask, no N-long attention call), finds rows from restarting positions when not told
+them, and runs padded batches exactly as sdpa does. The CUDA FlashAttention path is in tests/gpu."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 
 from asyncrl.training.actor import response_logits
 from asyncrl.training.batch import build_batch
-from asyncrl.training.packed_attention import NAME, packed_mask, use_packed_attention
+from asyncrl.training.packed_attention import CALL_COST, NAME, packed_mask, row_groups, use_packed_attention
 from asyncrl.training.packing import pack
 from tests.training.helpers import tiny_lm
-from tests.training.test_packing import spread_groups
+from tests.training.test_packing import spread_groups, tail_groups
 
 
 @pytest.fixture
@@ -30,18 +30,39 @@ def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_packed_rows_attend_one_row_at_a_time(attention, sdpa_calls):
+@pytest.mark.parametrize("groups", [spread_groups(), tail_groups()], ids=["spread", "tail"])
+def test_packed_rows_attend_in_groups_of_similar_length(attention, groups, sdpa_calls):
     model = tiny_lm().double()
     model.set_attn_implementation(attention)
     use_packed_attention(model)
     assert model.config._attn_implementation == NAME
-    batch = build_batch(spread_groups(), pad_id=0)
-    lengths = (batch.attention_mask != 0).sum(-1)
+    batch = build_batch(groups, pad_id=0)
+    lengths = tuple(int(n) for n in (batch.attention_mask != 0).sum(-1))
     out = response_logits(model, batch, pack=True)
-    assert sorted(sdpa_calls) == sorted([(int(n), False) for n in lengths] * model.config.num_hidden_layers)
+    longest = [max(lengths[r] for r in rows) for rows in row_groups(lengths)]
+    assert sorted(sdpa_calls) == sorted([(n, False) for n in longest] * model.config.num_hidden_layers)
     want = response_logits(tiny_lm().double(), batch, pack=False)
     torch.testing.assert_close(out.logits[0], want.logits[batch.attention_mask[:, batch.prompt_width:] != 0],
                                rtol=1e-10, atol=1e-12)
+
+
+def cost(lengths: tuple[int, ...], runs) -> int:
+    return sum(CALL_COST + len(rows) * max(lengths[r] for r in rows) ** 2 for rows in runs)
+
+
+@pytest.mark.parametrize("lengths", [(3, 3, 3, 300), (30,) * 200, tuple(range(10, 400, 7)), (64, 1, 5, 20, 40, 12),
+                                     (500,) * 3 + (20,) * 50])
+def test_row_groups_cover_every_row_once_at_the_least_cost(lengths):
+    runs = row_groups(lengths)
+    assert sorted(r for rows in runs for r in rows) == list(range(len(lengths)))
+    alone, together = [[r] for r in range(len(lengths))], [range(len(lengths))]
+    assert cost(lengths, runs) <= min(cost(lengths, alone), cost(lengths, together))
+
+
+def test_short_rows_share_a_call_and_a_long_one_runs_alone():
+    assert row_groups((3, 3, 3, 300)) == ((3,), (0, 1, 2))
+    assert len(row_groups((30,) * 200)) == 1
+    assert sorted(map(sorted, row_groups((500,) * 3 + (20,) * 50))) == [[0, 1, 2], list(range(3, 53))]
 
 
 def test_rows_come_from_restarting_positions_when_not_given():

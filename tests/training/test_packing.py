@@ -40,6 +40,11 @@ def spread_groups(seed: int = 0) -> list[Group]:
     return groups_of_lengths([1, 9, 4], [[60, 1, 0, 3], [2, 35, 1, 17], [9, 4, 48, 1]], seed)
 
 
+def tail_groups(seed: int = 0) -> list[Group]:
+    """One row of ~150 tokens among short ones: packed attention runs it alone, the rest together."""
+    return groups_of_lengths([2, 5], [[150, 3, 1, 4], [2, 6, 1, 3]], seed)
+
+
 def lm64(seed: int = 0) -> nn.Module:
     return tiny_lm(seed).double()
 
@@ -81,8 +86,9 @@ def test_packed_log_probs_and_entropies_equal_padded(groups, temperature):
         torch.testing.assert_close(packed[mask], padded[mask], **TIGHT)
 
 
-def test_packed_gradients_equal_padded():
-    batch = build_batch(spread_groups(), pad_id=0)
+@pytest.mark.parametrize("groups", [spread_groups(), tail_groups()], ids=["spread", "tail"])
+def test_packed_gradients_equal_padded(groups):
+    batch = build_batch(groups, pad_id=0)
     weights = torch.randn(batch.responses.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     grads = []
     for pack_rows in (False, True):
