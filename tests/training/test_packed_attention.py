@@ -4,6 +4,8 @@ them, and runs padded batches exactly as sdpa does. The CUDA FlashAttention path
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -57,6 +59,16 @@ def test_row_groups_cover_every_row_once_at_the_least_cost(lengths):
     assert sorted(r for rows in runs for r in rows) == list(range(len(lengths)))
     alone, together = [[r] for r in range(len(lengths))], [range(len(lengths))]
     assert cost(lengths, runs) <= min(cost(lengths, alone), cost(lengths, together))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_row_groups_match_every_cut_of_the_sorted_rows(seed):
+    g = torch.Generator().manual_seed(seed)
+    lengths = tuple(int(n) for n in torch.randint(1, 300, (9,), generator=g))
+    order = sorted(range(9), key=lambda i: -lengths[i])
+    cuts = [[order[a:b] for a, b in itertools.pairwise([0, *cut, 9])]
+            for k in range(9) for cut in itertools.combinations(range(1, 9), k)]
+    assert cost(lengths, row_groups(lengths)) == min(cost(lengths, runs) for runs in cuts)
 
 
 def test_short_rows_share_a_call_and_a_long_one_runs_alone():
