@@ -16,6 +16,7 @@ Two parts, each a forward and backward of causal sdpa at the tiny model's head s
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import platform
@@ -71,9 +72,7 @@ def fit(reps: int) -> dict[str, float]:
 
 def attention(lengths: list[int], call_cost: float) -> Callable[[], torch.Tensor]:
     """Packed attention over rows of `lengths`, grouped as `CALL_COST = call_cost` groups them."""
-    bounds = [0]
-    for n in lengths:
-        bounds.append(bounds[-1] + n)
+    bounds = [0, *itertools.accumulate(lengths)]
     qkv = [torch.randn(1, HEADS, bounds[-1], DIM, requires_grad=True) for _ in range(3)]
 
     def run() -> torch.Tensor:

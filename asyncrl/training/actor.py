@@ -25,8 +25,8 @@ micro-batch, gradients are summed across ranks, and the update equals the single
 to float rounding. `named_weights`, `compute_log_probs`, `save` and `load` are then collective:
 every rank calls them. LoRA is not supported sharded.
 
-With `use_remove_padding` (the default) each micro-batch's rows
-run as one padding-free sequence (`asyncrl.training.packing`, each row's attention within itself through
+With `use_remove_padding` (the default) each micro-batch's rows run as one padding-free sequence
+(`asyncrl.training.packing`, each row's attention within itself through
 `asyncrl.training.packed_attention`), planned by real tokens; results come back in the padded
 (B, T) layout, so the losses are the same. The reference worker and the critic take the same
 switch.
