@@ -16,7 +16,6 @@ from asyncrl import preflight as P
 from asyncrl.config import load_config
 from asyncrl.data.dataset import load_rows
 from asyncrl.errors import ConfigError, DataError
-from asyncrl.models.loading import cache_dir
 
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}" \
            "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -211,15 +210,6 @@ def test_unknown_data_source_in_the_data(tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "train.jsonl", ["1+1?"] * 40, data_source="my_task")
     with pytest.raises(ConfigError, match="no reward function for data_source 'my_task'.*reward.custom_function"):
         run([f"data.train_files=[{data}]"])
-
-
-def test_cache_dir_matches_the_tiny_model_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    from asyncrl.models.tiny import default_cache_dir
-
-    monkeypatch.setenv("ASYNCRL_CACHE", "/some/cache")
-    assert cache_dir() == default_cache_dir() == Path("/some/cache")
-    monkeypatch.delenv("ASYNCRL_CACHE")
-    assert cache_dir() == default_cache_dir()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from asyncrl.config_schema import ModelConfig
 from asyncrl.errors import ConfigError
+from asyncrl.models.cache import cache_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -133,13 +134,6 @@ def local_tokenizer_dir(path: str) -> Path | None:
         except ConfigError:
             return None
     return next((c.parent for c in candidates if c.is_file()), None)
-
-
-def cache_dir() -> Path:
-    """Where built-in models are cached: $ASYNCRL_CACHE, else $XDG_CACHE_HOME/asyncrl."""
-    root = os.environ.get("ASYNCRL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "asyncrl")
-    return Path(root)
 
 
 def _load_dir(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

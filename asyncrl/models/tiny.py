@@ -31,6 +31,7 @@ from transformers import (
 )
 
 from asyncrl.data import make_task
+from asyncrl.models import cache
 from asyncrl.models.tokenizer import build_char_tokenizer
 
 
@@ -55,12 +56,6 @@ class TinySpec:
     def key(self) -> str:
         digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
         return f"tiny-{digest[:12]}"
-
-
-def default_cache_dir() -> Path:
-    from asyncrl.models.loading import cache_dir
-
-    return cache_dir()
 
 
 # Llama rather than Qwen2: transformers 5 loads any tokenizer saved beside a qwen2 config as
@@ -159,7 +154,7 @@ def warm_up(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, spec: TinySpe
 def load_tiny(cache_dir: Path | None = None, spec: TinySpec = TinySpec(), rebuild: bool = False,
               log: Callable[[str], None] = print) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The cached tiny model, built and warmed up on first use."""
-    path = (cache_dir or default_cache_dir()) / spec.key()
+    path = (cache_dir or cache.cache_dir()) / spec.key()
     if (path / "config.json").exists() and not rebuild:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
