@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from asyncrl.config import field_docs, load_config
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.errors import AsyncRLError
 from asyncrl.preflight import preflight
 from asyncrl.telemetry.logs import LEVELS, setup_logging

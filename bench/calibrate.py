@@ -47,7 +47,7 @@ import math
 from pathlib import Path
 
 from asyncrl.config import load_config
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.sim.fit import fit_profile, simulated_phases
 from asyncrl.sim.profile import PROFILE_DIR, Profile, load_profile, save_profile
 

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config_schema import SandboxConfig
+from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.rewards.code_exec import code_score
 from asyncrl.rewards.sandbox import Sandbox, make_sandbox
 from asyncrl.rewards.sandbox.bwrap import available

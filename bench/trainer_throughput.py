@@ -40,7 +40,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from asyncrl.algorithms import compute_advantage
-from asyncrl.config_schema import ActorConfig
+from asyncrl.config.schema import ActorConfig
 from asyncrl.telemetry.perf import ModelShape, actor_mfu
 from asyncrl.training.actor import Actor
 from asyncrl.training.batch import TrainBatch, build_batch

@@ -44,7 +44,7 @@ from engine import ForeignLoad  # bench/engine.py, beside this file
 from transformers import PreTrainedTokenizerBase, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.data import make_task, tokenize_rows
 from asyncrl.models import load_model
 from asyncrl.rewards import resolve_reward_fn

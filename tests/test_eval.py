@@ -1,52 +1,49 @@
-"""`asyncrl eval`: verl's validation metrics against hand-computed numbers and verl's bootstrap,
-and the command end to end on the tiny model and a small JSONL file."""
+"""`asyncrl eval`: the same metrics as a run's validation (the metrics themselves:
+tests/telemetry/test_val_metrics.py), and the command end to end on the tiny model and a small
+JSONL file."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from asyncrl import cli
+from asyncrl.config import load_config
 from asyncrl.data import make_task
 from asyncrl.data.dataset import write_jsonl
-from asyncrl.eval import best_of, eval_metrics, pass_at, prompt_metrics, sizes
+from asyncrl.eval import evaluate
+from asyncrl.pipelines.common import run_validation
 from asyncrl.types import Group, PromptRow, Trajectory
 
 
-def test_prompt_metrics_by_hand() -> None:
-    m = prompt_metrics([1.0, 0.0, 0.0, 1.0])  # n = 4, two pass
-    expected = {"mean@4": 0.5, "std@4": 0.5,
-                "best@2/mean": 0.75, "best@2/std": 0.75**0.5 * 0.5,
-                "worst@2/mean": 0.25, "worst@2/std": 0.75**0.5 * 0.5,
-                "best@4/mean": 1 - 0.5**4, "best@4/std": (0.9375 * 0.0625) ** 0.5,
-                "worst@4/mean": 0.5**4, "worst@4/std": (0.9375 * 0.0625) ** 0.5,
-                "pass@1": 0.5, "pass@2": 1 - 1 / 6, "pass@4": 1.0}
-    assert m.keys() == expected.keys()
-    for k, v in expected.items():
-        assert m[k] == pytest.approx(v, rel=1e-12, abs=1e-12), k
+class ScriptedRollout:
+    """A rollout side whose `generate_scored` hands back a fixed scored group per prompt."""
+
+    def __init__(self, groups: list[Group]) -> None:
+        self.groups = {g.row.uid: g for g in groups}
+
+    async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: str = "train") -> Group:
+        assert mode == "val" and n == len(self.groups[row.uid].trajectories)
+        return self.groups[row.uid]
 
 
-def test_partial_scores_and_odd_n() -> None:
-    assert sizes(1) == [] and sizes(3) == [2, 3] and sizes(8) == [2, 4, 8] and sizes(10) == [2, 4, 8, 10]
-    # sorted [0.1, 0.1, 1.0]: the best of 3 draws is 1.0 unless all three miss it, (2/3)^3
-    assert best_of([0.1, 1.0, 0.1], 3)[0] == pytest.approx(0.1 * 8 / 27 + 19 / 27, rel=1e-12, abs=1e-12)
-    assert pass_at([0.1, 1.0, 0.1], 1) == pytest.approx(1 / 3, rel=1e-12, abs=1e-12)
-    assert pass_at([0.1, 1.0, 0.1], 2) == pytest.approx(2 / 3, rel=1e-12, abs=1e-12)
-    assert prompt_metrics([0.7]) == {"mean@1": 0.7, "pass@1": 0.0}
-
-
-@pytest.mark.parametrize("rewards", [[0.0, 1.0, 1.0, 0.0, 0.0, 0.5, 1.0, 0.0], [0.2, 0.9, 0.4]])
-def test_best_and_worst_match_verls_bootstrap(rewards: list[float]) -> None:
-    """verl draws 1,000 subsets with replacement (`bootstrap_metric`); ours is that draw's expectation."""
-    rng = np.random.RandomState(42)
-    for m in sizes(len(rewards)):
-        draws = np.array(rewards)[rng.choice(len(rewards), size=(20_000, m), replace=True)]
-        mean, std = best_of(rewards, m)
-        assert mean == pytest.approx(draws.max(axis=1).mean(), rel=0, abs=0.01)
-        assert std == pytest.approx(draws.max(axis=1).std(), rel=0, abs=0.01)
+def test_training_validation_and_eval_report_the_same_numbers() -> None:
+    """A run's validation (`run_validation`) and `asyncrl eval` (`evaluate`) over the same scored
+    groups: the same keys and the same floats (one function, the groups in the same order, so
+    equal to the bit), and best@2 is the expected best (0.75 for rewards [0, 1]), not the
+    observed one (1.0). Tolerance: a mean of two float64 values, exact to an ulp."""
+    groups = [group("a", "gsm8k", [0, 1]), group("b", "gsm8k", [1, 1]), group("c", "math", [0, 0.5])]
+    rows = [g.row for g in groups]
+    ctx = SimpleNamespace(val_rows=rows, cfg=load_config(None, ["rollout.val_n=2"]), rollout=ScriptedRollout(groups))
+    training = asyncio.run(run_validation(ctx, step=3))
+    evaluated = asyncio.run(evaluate(ScriptedRollout(groups), rows, 2))
+    assert {k: v for k, v in training.items() if not k.startswith("timing_s/")} == evaluated
+    assert evaluated["val-core/gsm8k/reward/best@2/mean"] == pytest.approx((0.75 + 1) / 2, rel=1e-12, abs=1e-12)
+    assert evaluated["val-core/math/reward/best@2/mean"] == pytest.approx(0.5 * 0.75, rel=1e-12, abs=1e-12)
 
 
 def group(uid: str, source: str, rewards: list[float]) -> Group:
@@ -54,21 +51,6 @@ def group(uid: str, source: str, rewards: list[float]) -> Group:
     trajs = [Trajectory(f"{uid}/{i}", [1], [2] * (i + 1), [0.0] * (i + 1), [0] * (i + 1), "stop", reward=r)
              for i, r in enumerate(rewards)]
     return Group(uid, row, trajs)
-
-
-def test_eval_metrics_names_and_split() -> None:
-    out = eval_metrics([group("a", "gsm8k", [1, 0, 0, 1]), group("b", "gsm8k", [0, 0, 0, 0]),
-                        group("c", "math", [1, 1, 1, 1])])
-    assert out["val-core/gsm8k/reward/mean@4"] == pytest.approx(0.25, rel=1e-12, abs=1e-12)
-    assert out["val-core/gsm8k/reward/best@4/mean"] == pytest.approx(0.9375 / 2, rel=1e-12, abs=1e-12)
-    assert out["val-core/gsm8k/reward/best@4/std"] == pytest.approx((0.9375 * 0.0625) ** 0.5 / 2, rel=1e-12, abs=1e-12)
-    assert out["val-core/gsm8k/reward/pass@4"] == 0.5 and out["val-aux/gsm8k/reward/pass@1"] == 0.25
-    assert out["val-aux/gsm8k/reward/best@2/mean"] == pytest.approx(0.375, rel=1e-12, abs=1e-12)
-    assert "val-aux/gsm8k/reward/worst@4/mean" in out and "val-aux/gsm8k/reward/std@4" in out
-    assert out["val-core/math/reward/mean@4"] == 1.0
-    assert out["val/score/mean"] == pytest.approx(0.5, rel=1e-12, abs=1e-12)
-    assert out["val/pass@4"] == pytest.approx(2 / 3, rel=1e-12, abs=1e-12)
-    assert out["val/response_length/mean"] == 2.5
 
 
 @pytest.mark.slow

@@ -17,11 +17,11 @@ import yaml
 from asyncrl import cli
 from asyncrl import config as C
 from asyncrl.config import load_config, resolve
-from asyncrl.config_keys import leaf_keys, suggestions
+from asyncrl.config.keys import leaf_keys, suggestions, value_at
+from asyncrl.config.verl import NOT_MODELLED, TABLE, VERL_DEFAULTS, is_verl_key, renamed_keys
 from asyncrl.data.dataset import write_parquet
 from asyncrl.data.tasks import make_task
 from asyncrl.errors import ConfigError
-from asyncrl.verl_keys import NOT_MODELLED, TABLE, VERL_DEFAULTS, is_verl_key, renamed_keys
 
 RECIPES = Path(__file__).parent / "data" / "verl_recipes"
 
@@ -128,7 +128,7 @@ def test_a_recipe_becomes_the_config_its_script_says(recipe: str, env: dict[str,
     entry, args = recipe_command(RECIPES / recipe, env)
     with caplog.at_level(logging.WARNING, logger="asyncrl.config"):
         cfg = load_config(None, args)
-    got = {key: C._get(cfg, key) for key in EXPECTED[recipe](env)}
+    got = {key: value_at(cfg, key) for key in EXPECTED[recipe](env)}
     assert got == EXPECTED[recipe](env)
     warnings = [r.getMessage() for r in caplog.records if r.name == "asyncrl.config"]
     assert len(warnings) == 1, warnings  # one line, naming every key not modelled
@@ -156,7 +156,7 @@ SPEED = {"one_step_off": ["trainer.total_training_steps=2"], "fully_async": ["ro
 @pytest.mark.parametrize("recipe", sorted(EXPECTED))
 def test_asyncrl_sim_runs_a_recipe(recipe: str, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     _, args = recipe_command(RECIPES / recipe, env)
-    pipeline = C._get(load_config(None, args), "pipeline")
+    pipeline = value_at(load_config(None, args), "pipeline")
     code = cli.main(["sim", *args, *SPEED[pipeline]])
     err = capsys.readouterr().err
     assert code == 0, err
@@ -211,7 +211,7 @@ def test_every_target_of_the_table_exists() -> None:
 ])
 def test_verl_keys_map_to_ours(override: str, expected: dict[str, Any]) -> None:
     cfg = load_config(None, [override])
-    assert {key: C._get(cfg, key) for key in expected} == expected
+    assert {key: value_at(cfg, key) for key in expected} == expected
 
 
 def test_specific_clip_ratios_win_over_verls_clip_ratio() -> None:
@@ -287,6 +287,6 @@ def test_config_prints_every_key_with_its_doc(capsys: pytest.CaptureFixture[str]
     assert cli.main(["config", "rollout.n=4"]) == 0
     printed = capsys.readouterr().out
     assert C.config_from_dict(yaml.safe_load(printed)) == load_config(None, ["rollout.n=4"])
-    assert "  n: 4  # Responses sampled per prompt (the group size)." in printed.splitlines()
+    assert "  n: 4  # Responses sampled per prompt (the group size). Range: >= 1." in printed.splitlines()
     values = [line for line in printed.splitlines() if ":  # " not in line]  # sections are `name:  # doc`
     assert len(values) == len(leaf_keys())

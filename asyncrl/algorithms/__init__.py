@@ -1,8 +1,8 @@
 """The pure RL core: advantage estimators, policy/value losses, KL, aggregation, log-probs.
 
 Pure functions over (B, T) response-token tensors plus a response mask, looked up by name in
-registries whose keys the config reuses. No config objects, no devices, no I/O; this package
-imports nothing from the rest of asyncrl.
+registries keyed by the config's `Literal` names (`asyncrl.config.names`, which imports only
+`typing`). No config objects, no devices, no I/O; nothing else from the rest of asyncrl.
 """
 
 from asyncrl.algorithms.advantages import (

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.algorithms.agg import masked_sum, masked_whiten
+from asyncrl.config.names import AdvEstimatorName, choices
 
 GroupIndex = Sequence[Hashable] | Tensor
 AdvEstimator = Callable[..., tuple[Tensor, Tensor]]
@@ -232,7 +233,7 @@ def remax(token_level_rewards: Tensor, response_mask: Tensor, index: GroupIndex,
 
 # An estimator takes (token_level_rewards, response_mask, index) and compute_advantage's keyword
 # options, ignoring those it does not use (hence `**_unused`); register new ones here by name.
-ADV_ESTIMATORS: dict[str, AdvEstimator] = {
+ADV_ESTIMATORS: dict[AdvEstimatorName, AdvEstimator] = {
     "gae": gae,
     "grpo": grpo,
     "grpo_passk": grpo_passk,
@@ -244,12 +245,13 @@ ADV_ESTIMATORS: dict[str, AdvEstimator] = {
     "remax": remax,
 }
 ADV_ESTIMATOR_NAMES: tuple[str, ...] = tuple(ADV_ESTIMATORS)
+assert ADV_ESTIMATOR_NAMES == choices(AdvEstimatorName), "register the name in asyncrl.config.names"
 NEEDS_CRITIC: frozenset[str] = frozenset({"gae"})
 NEEDS_REWARD_BASELINES: frozenset[str] = frozenset({"remax"})
 
 
 def compute_advantage(
-    name: str,
+    name: AdvEstimatorName,
     token_level_rewards: Tensor,
     response_mask: Tensor,
     index: GroupIndex,

@@ -22,12 +22,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-LOSS_AGG_MODES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
+from asyncrl.config.names import LossAggMode, choices
+
+LOSS_AGG_MODES: tuple[str, ...] = choices(LossAggMode)
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

@@ -19,9 +19,11 @@ import torch
 from torch import Tensor
 
 from asyncrl.algorithms.agg import masked_mean
+from asyncrl.config.names import KLKind, choices
 
 _BASE_KINDS: tuple[str, ...] = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 KL_PENALTY_KINDS: tuple[str, ...] = _BASE_KINDS + tuple(k + "+" for k in _BASE_KINDS)
+assert KL_PENALTY_KINDS == choices(KLKind), "name the kind in asyncrl.config.names.KLKind"
 
 
 def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:

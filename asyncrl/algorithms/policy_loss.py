@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.algorithms.agg import agg_loss, masked_mean
+from asyncrl.config.names import PolicyLossName, choices
 
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, float, float, float], tuple[Tensor, Tensor, Tensor]]
 
@@ -100,13 +101,14 @@ def gpg(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mas
     return -advantages * log_prob, no_clip, no_clip
 
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {"vanilla": vanilla, "gspo": gspo, "cispo": cispo, "gpg": gpg}
+POLICY_LOSSES: dict[PolicyLossName, PolicyLossFn] = {"vanilla": vanilla, "gspo": gspo, "cispo": cispo, "gpg": gpg}
 POLICY_LOSS_NAMES: tuple[str, ...] = tuple(POLICY_LOSSES)
+assert POLICY_LOSS_NAMES == choices(PolicyLossName), "register the name in asyncrl.config.names"
 _FORCED_AGG_MODE: dict[str, str] = {"gspo": "seq-mean-token-mean"}
 
 
 def compute_policy_loss(
-    name: str,
+    name: PolicyLossName,
     old_log_prob: Tensor,
     log_prob: Tensor,
     advantages: Tensor,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asyncrl.config_schema import ModelConfig
+from asyncrl.config.schema import ModelConfig
 from asyncrl.errors import ConfigError
 from asyncrl.models.cache import cache_dir
 

@@ -8,7 +8,7 @@ import importlib
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from asyncrl import names
+from asyncrl.config import names
 
 if TYPE_CHECKING:
     from asyncrl.pipelines.setup import RunContext
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 PIPELINE_MODULES = {"colocated": "asyncrl.pipelines.colocated",
                     "one_step_off": "asyncrl.pipelines.one_step_off",
                     "fully_async": "asyncrl.pipelines.fully_async"}
-assert tuple(PIPELINE_MODULES) == names.PIPELINES, "register the pipeline's name in asyncrl.names.PIPELINES"
+assert tuple(PIPELINE_MODULES) == names.PIPELINES, "register the pipeline's name in asyncrl.config.names.PIPELINES"
 
 
 def pipeline_module(name: str) -> ModuleType:

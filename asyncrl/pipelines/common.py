@@ -16,8 +16,8 @@ from asyncrl.pipelines.setup import RunContext, open_tracker
 from asyncrl.pipelines.stopping import Stopped
 from asyncrl.telemetry.metrics import group_metrics, timer
 from asyncrl.telemetry.perf import run_devices, step_perf
+from asyncrl.telemetry.val_metrics import validation_metrics
 from asyncrl.types import Group, PromptRow
-from asyncrl.workers.validation import summarise
 
 
 async def start(ctx: RunContext, total_steps: int | None = None) -> tuple[int, dict[str, Any]]:
@@ -61,14 +61,15 @@ async def guarded(ctx: RunContext, loop: Coroutine[Any, Any, int]) -> int:
 
 
 async def run_validation(ctx: RunContext, step: int) -> dict[str, float]:
-    """`rollout.val_n` responses per held-out prompt over every rollout worker, summarised."""
+    """`rollout.val_n` responses per held-out prompt over every rollout worker, with the metrics
+    `asyncrl eval` reports (`asyncrl.telemetry.val_metrics`)."""
     if not ctx.val_rows:
         return {}
     k, metrics = ctx.cfg.rollout.val_n, dict[str, float]()
     with timer("testing", metrics):
         groups = await asyncio.gather(*(ctx.rollout.generate_scored(r, k, f"{r.uid}@val{step}", "val")
                                         for r in ctx.val_rows))
-    return metrics | summarise(list(groups), k)
+    return metrics | validation_metrics(groups)
 
 
 async def train(ctx: RunContext, groups: Sequence[Group], step: int, consumed: Sequence[PromptRow] = (),

@@ -25,7 +25,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.scheduling.tp_planner import TPPlanner
 
 PREEMPTIONS = "rollouter/preemptions"

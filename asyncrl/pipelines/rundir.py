@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from asyncrl.config import config_to_dict
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError
 from asyncrl.pipelines.checkpoint import COMPLETE, checkpoint_root, latest_checkpoint
 

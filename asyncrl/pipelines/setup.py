@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import check_pipeline_keys, config_to_dict, dump_config
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.data import PromptIterator
 from asyncrl.errors import WorkerDied
 from asyncrl.pipelines.ledger import SampleLedger

@@ -1,5 +1,5 @@
-"""Tail batching inside the synchronous pipelines (colocated, one_step_off): where a step's groups
-come from when `tail_batching.enable` is set.
+"""A round of tail batching (SPEC §4, RollPacker): the groups of one step when
+`tail_batching.enable` is set, run for `asyncrl.pipelines.batch_source.BatchSource`.
 
     short round  ██████████▌ prompt done at its first R0 finishers (extra responses aborted)
                  ████▌
@@ -11,57 +11,58 @@ round on the rollout side: launches its groups, waits for P0 done ones, aborts t
 queues them (with any that finished in the same engine step as the P0-th: they are the tail too),
 so each short round queues exactly ceil(eta_p x P0) - P0 prompts. A prompt is never lost or
 trained twice: a queued prompt stays handed out in the prompt stream (a checkpoint lists it) and
-the queue is the pipeline state a checkpoint keeps. Aborted partial responses are discarded (a
-long round generates afresh).
+the batch source keeps the queue in its checkpoint state. Aborted partial responses are discarded
+(a long round generates afresh).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
+from asyncrl.data import PromptIterator
 from asyncrl.pipelines.common import group_uids
-from asyncrl.pipelines.setup import RunContext
 from asyncrl.scheduling.tail_batching import Round, TailBatcher
-from asyncrl.types import Group, PromptRow
+from asyncrl.types import Group, Mode, PromptRow, Trajectory
 
 OnGroup = Callable[[Group], None]
+"""Told of each group of a batch as soon as it is done (the stream trainer's feeder)."""
+
+
+class Generating(Protocol):
+    """What a round asks of the rollout side (the run's rollout router)."""
+
+    async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
+                              score: bool = True, partials: Sequence[Trajectory] = (),
+                              keep: int = 0) -> Group: ...
+
+    async def abort(self, request_ids: Sequence[str]) -> list[Trajectory]: ...
 
 
 class TailRounds:
-    """The long-prompt queue of a run and the rounds that fill and drain it."""
+    """The long-prompt queue of a run (`batcher.queue`) and the rounds that fill and drain it."""
 
-    def __init__(self, ctx: RunContext) -> None:
-        cfg = ctx.cfg
-        self.batcher: TailBatcher[PromptRow] = TailBatcher(
-            cfg.data.train_batch_size, cfg.rollout.n, cfg.tail_batching.prompt_speculation,
-            cfg.tail_batching.response_speculation)
+    def __init__(self, prompts: PromptIterator, rollout: Generating, batcher: TailBatcher[PromptRow]) -> None:
+        self.prompts = prompts
+        self.rollout = rollout
+        self.batcher = batcher
 
-    def state(self) -> dict[str, Any]:
-        return {"long_queue": list(self.batcher.queue)}
-
-    def restore(self, ctx: RunContext, state: dict[str, Any]) -> None:
-        """The checkpoint's queue; its prompts are outstanding in the stream, not replayed."""
-        for row in state.get("long_queue", []):
-            ctx.prompts.claim(row)
-            self.batcher.enqueue([row])
-
-    async def run(self, ctx: RunContext, suffix: str, score: bool, metrics: dict[str, float],
+    async def run(self, suffix: str, score: bool, metrics: dict[str, float],
                   on_group: OnGroup | None = None) -> list[Group]:
         """One round's P0 groups of R0 finished responses each (request ids `{uid}{suffix}/i`)."""
         rnd = self.batcher.next_round()
-        rows = self.batcher.take_long() if rnd.kind == "long" else ctx.prompts.take(rnd.launch_prompts)
+        rows = self.batcher.take_long() if rnd.kind == "long" else self.prompts.take(rnd.launch_prompts)
         keep = rnd.keep_responses if rnd.launch_responses > rnd.keep_responses else 0
         uids = group_uids(rows, suffix)
-        tasks = [asyncio.ensure_future(ctx.rollout.generate_scored(
+        tasks = [asyncio.ensure_future(self.rollout.generate_scored(
             r, rnd.launch_responses, uid, "train", score, (), keep)) for r, uid in zip(rows, uids)]
         try:
             done, late = await _first_done(tasks, rnd, on_group)
             if late:
-                await ctx.rollout.abort([f"{uids[i]}/{k}" for i in late for k in range(rnd.launch_responses)])
+                await self.rollout.abort([f"{uids[i]}/{k}" for i in late for k in range(rnd.launch_responses)])
             groups = list(await asyncio.gather(*tasks))
         finally:
             for task in tasks:

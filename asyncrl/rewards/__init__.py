@@ -15,7 +15,8 @@ from asyncrl.rewards.registry import (
     register,
     resolve_reward_fn,
 )
-from asyncrl.rewards.runner import RewardStats, check_signature, score_batch, score_response
+from asyncrl.rewards.runner import RewardStats, check_signature
+from asyncrl.rewards.scoring import score_batch, score_response
 from asyncrl.rewards.terms import add_terms, format_term, length_penalty
 
 __all__ = [

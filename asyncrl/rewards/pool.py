@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
-from asyncrl.config_schema import SandboxConfig
+from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.rewards.registry import RewardFn, known_data_sources, resolve_reward_fn
 from asyncrl.rewards.runner import Outcome, RewardCall, call_reward, failed
 from asyncrl.rewards.sandbox import ENV_VAR as SANDBOX_ENV

@@ -10,11 +10,10 @@ Every call of a reward function ends as a `RewardResult` with a status, never as
 - "invalid": it returned something else (NaN, inf, a string, None, a dict without "score").
 Each failure scores 0. `call_reward` makes that result inside a worker process; `RewardStats`
 counts the statuses in the trainer's process and logs the first failure of each kind, with its
-traceback, to the `asyncrl.reward` logger. `score_batch` is the entry point: rows and response
-texts in, results out, via a `RewardPool`.
+traceback, to the `asyncrl.reward` logger.
 
-Not here: running calls in processes with deadlines (`pool.py`), deciding that too many failed
-(`asyncrl.workers.reward`).
+Not here: running calls in processes with deadlines (`pool.py`), scoring rows and responses
+through a pool (`scoring.py`), deciding that too many failed (`asyncrl.workers.reward`).
 """
 
 from __future__ import annotations
@@ -26,16 +25,12 @@ import numbers
 import os
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from asyncrl.errors import ConfigError, RewardTimeout
 from asyncrl.rewards.registry import RewardFn, RewardResult, RewardStatus
-from asyncrl.types import PromptRow
-
-if TYPE_CHECKING:
-    from asyncrl.rewards.pool import RewardPool
 
 MAX_ERROR_CHARS = 500
 FAILURES = ("error", "timeout", "invalid")
@@ -144,24 +139,3 @@ class RewardStats:
         """Flat metric dict: {"reward/ok_count", "reward/errors", "reward/timeouts", "reward/invalid"}."""
         return {"reward/ok_count": float(self.ok), "reward/errors": float(self.error),
                 "reward/timeouts": float(self.timeout), "reward/invalid": float(self.invalid)}
-
-
-def score_batch(rows: Sequence[PromptRow], responses: Sequence[str], *, pool: RewardPool,
-                stats: RewardStats | None = None) -> list[RewardResult]:
-    """Score `responses[i]` against `rows[i]` in the pool's processes; results in input order.
-
-    Never raises for a failing reward; takes about ceil(len / pool workers) * timeout_s at worst.
-    """
-    assert len(rows) == len(responses), (len(rows), len(responses))
-    calls = [RewardCall(r.data_source, text, r.ground_truth, dict(r.extra_info)) for r, text in zip(rows, responses)]
-    outcomes = pool.run(calls)
-    if stats is not None:
-        for call, outcome in zip(calls, outcomes):
-            stats.record(outcome, call.data_source)
-    return [o.result for o in outcomes]
-
-
-def score_response(row: PromptRow, response_text: str, *, pool: RewardPool,
-                   stats: RewardStats | None = None) -> RewardResult:
-    """Score one response (see `score_batch`)."""
-    return score_batch([row], [response_text], pool=pool, stats=stats)[0]

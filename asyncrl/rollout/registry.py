@@ -2,7 +2,7 @@
 a rollout host's own copy of the policy.
 
 To add an engine: one module implementing `Engine`, one entry here, its name in
-`asyncrl.names.ENGINES`; `mypy` reports any protocol method the new class lacks or mistypes.
+`asyncrl.config.names.ENGINES`; `mypy` reports any protocol method the new class lacks or mistypes.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from concurrent.futures import Executor
 import torch
 from torch import nn
 
-from asyncrl import names
-from asyncrl.config_schema import RolloutConfig
+from asyncrl.config import names
+from asyncrl.config.schema import RolloutConfig
 from asyncrl.roles import Engine
 
 EngineBuilder = Callable[[nn.Module, Sequence[int], RolloutConfig, str, int, Executor | None, int | None], Engine]
@@ -34,7 +34,7 @@ def _torch(model: nn.Module, eos_ids: Sequence[int], cfg: RolloutConfig, device:
 
 
 ENGINES: dict[str, EngineBuilder] = {"torch": _torch}
-assert tuple(ENGINES) == names.ENGINES, "register the engine's name in asyncrl.names.ENGINES"
+assert tuple(ENGINES) == names.ENGINES, "register the engine's name in asyncrl.config.names.ENGINES"
 
 
 def build_engine(cfg: RolloutConfig, model: nn.Module, eos_ids: Sequence[int], *, device: str,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from asyncrl.config import load_config
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError
 from asyncrl.sim.run import sim_config, simulate
 from asyncrl.sim.summary import RunSummary, table

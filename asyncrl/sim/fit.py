@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError
 from asyncrl.sim.profile import Profile, load_profile, save_profile
 from asyncrl.sim.summary import read_steps

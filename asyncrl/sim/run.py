@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.pipelines import pipeline_module
 from asyncrl.pipelines.rundir import new_run_dir
 from asyncrl.pipelines.setup import build_context

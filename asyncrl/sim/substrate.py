@@ -21,10 +21,10 @@ import dataclasses
 import os
 from pathlib import Path
 
-from asyncrl.config import old_log_prob_source
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError
 from asyncrl.roles import RolloutSide, TrainerSide
+from asyncrl.scheduling.plan import plan_run
 from asyncrl.sim import costs
 from asyncrl.sim.profile import Profile
 from asyncrl.sim.workers import SimRolloutServer, SimTrainer, SimTransport
@@ -105,6 +105,6 @@ class SimSubstrate:
         rollouts: list[RolloutSide] = [SimRolloutServer(cfg, self.profile, d.per_engine, workload)
                                        for _ in range(d.engines)]
         trainer: TrainerSide = SimTrainer(cfg, self.profile, d.trainer,
-                                               old_log_prob_source(cfg, self.profile.device == "cpu"))
+                                               plan_run(cfg, self.profile.device).old_log_probs)
         transport = SimTransport(rollouts, costs.sync_seconds(self.profile))
         return Workers(trainer, rollouts, transport, close=lambda: None)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 
 PHASES = ("gen", "generate_sequences", "wait_prev_gen", "wait_samples", "reward", "old_log_prob", "ref",
           "update_actor", "param_sync", "step")

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncrl.config import PASS_SOURCES
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.roles import PauseMode, WeightSink
 from asyncrl.scheduling.batching import num_mini_batches
+from asyncrl.scheduling.old_log_probs import PASS_SOURCES, OldLogProbSource
 from asyncrl.sim import costs
 from asyncrl.sim.engine import EngineModel, Finished, GroupSpec, Runs, SimEngine, extend_runs
 from asyncrl.sim.profile import Profile
@@ -261,7 +261,7 @@ class SimTrainer:
     (`accumulate_groups`); `apply_update` costs one `optimizer_step_s`. Old log-probs are always
     recomputed there (the stream trainer runs colocated)."""
 
-    def __init__(self, cfg: Config, profile: Profile, devices: int, old_log_prob_source: str) -> None:
+    def __init__(self, cfg: Config, profile: Profile, devices: int, old_log_prob_source: OldLogProbSource) -> None:
         self.cfg, self.profile, self.devices = cfg, profile, devices
         self.old_log_prob_source = old_log_prob_source
         self.colocated = cfg.pipeline == "colocated"  # only it reloads offloaded state after generation

@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.data.dataset import load_rows
 from asyncrl.data.tasks import make_task
 from asyncrl.types import PromptRow

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.sync.transports import Transport

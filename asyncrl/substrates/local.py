@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.compute import compute_thread, pin_threads
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.roles import RolloutSide
 from asyncrl.substrates import Log, RunData, Workers
 from asyncrl.substrates.real import load_real_data, side_cpus

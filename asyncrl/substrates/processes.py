@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.substrates import Log, RunData, Workers
 from asyncrl.substrates.real import load_real_data, set_threads, worker_shares

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from typing import TypeVar, cast
 
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.substrates import Log, RunData, Workers
 from asyncrl.substrates.real import load_real_data, set_threads, side_cpus, worker_shares

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError
 from asyncrl.models import load_model
 from asyncrl.substrates import Log, RunData

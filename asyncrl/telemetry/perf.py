@@ -29,7 +29,7 @@ import torch
 from asyncrl.types import Group
 
 if TYPE_CHECKING:
-    from asyncrl.config_schema import Config
+    from asyncrl.config.schema import Config
 
 GB = 1024**3
 

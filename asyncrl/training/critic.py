@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from asyncrl.algorithms.value_loss import compute_value_loss
-from asyncrl.config_schema import CriticConfig
+from asyncrl.config.schema import CriticConfig
 from asyncrl.training import packing
 from asyncrl.training.actor import autocast, model_device
 from asyncrl.training.batch import TrainBatch, map_micro_batches, mean_over_mini_batches, micro_batches

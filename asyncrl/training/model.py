@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from asyncrl.config_schema import ModelConfig
+from asyncrl.config.schema import ModelConfig
 from asyncrl.training.lora import apply_lora
 from asyncrl.training.memory import enable_gradient_checkpointing
 

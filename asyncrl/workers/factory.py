@@ -8,8 +8,6 @@ types are the roles (`asyncrl.roles`), so `mypy` checks the real workers against
 from __future__ import annotations
 
 import copy
-import math
-import sys
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import cast
@@ -18,15 +16,14 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncrl.config import old_log_prob_source
-from asyncrl.config_schema import Config
-from asyncrl.data import load_rows, make_task, tokenize_rows
-from asyncrl.data.dataset import drop_overlong
+from asyncrl.config.schema import Config
+from asyncrl.data import load_rows, make_task
+from asyncrl.data.held_out import prompt_rows, val_rows
 from asyncrl.errors import ConfigError
 from asyncrl.models import load_model
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.rollout.registry import build_engine
-from asyncrl.scheduling.batching import num_mini_batches
+from asyncrl.scheduling.plan import plan_run
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.critic import Critic
 from asyncrl.training.memory import enable_gradient_checkpointing
@@ -44,20 +41,14 @@ def load_data(cfg: Config, tok: PreTrainedTokenizerBase,
     d = cfg.data
 
     def prompts(rows: list[PromptRow], source: str) -> list[PromptRow]:
-        """Tokenized, without those longer than data.max_prompt_length (counted, naming the key)."""
-        tokenized, _ = tokenize_rows(rows, tok, sys.maxsize, chat_template=d.chat_template or None)
-        return drop_overlong(tokenized, d.max_prompt_length, source, log)
+        return prompt_rows(rows, d, tok, source, log)
 
     if d.train_files:
         train = [r for i, f in enumerate(d.train_files) for r in prompts(load_rows(f, split_name=f"train{i}"), f)]
     else:
         train = prompts(make_task(d.task, d.task_size, seed=cfg.seed, split="train"), f"data.task={d.task}")
-    if d.val_files:
-        val = [r for i, f in enumerate(d.val_files) for r in prompts(load_rows(f, split_name=f"val{i}"), f)]
-    elif d.train_files:
-        val = []
-    else:
-        val = prompts(make_task(d.task, d.val_size, seed=cfg.seed, split="test"), f"data.task={d.task} (test)")
+    # a run on its own files validates only on files it names, never on the built-in task
+    val = val_rows(d, cfg.seed, tok, log)[0] if d.val_files or not d.train_files else []
     if len(train) < d.train_batch_size:
         raise ConfigError(f"only {len(train)} training prompts remain after filtering, fewer than "
                           f"data.train_batch_size={d.train_batch_size}")
@@ -95,7 +86,7 @@ def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
     cast(nn.Module, model).to(cfg.trainer.device)  # in place: float32 master weights (model.dtype: compute)
-    dtype, pack = compute_dtype(cfg), cfg.model.use_remove_padding
+    dtype, pack, plan = compute_dtype(cfg), cfg.model.use_remove_padding, plan_run(cfg)
     ref = None
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, cfg.actor.ppo_micro_batch_tokens,
@@ -108,10 +99,10 @@ def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
             enable_gradient_checkpointing(critic.model.body)
     # Reference and critic copied the base model above; the actor trains it (LoRA: its adapters).
     actor = Actor(prepare_actor_model(model, cfg.model), cfg.actor, temperature=cfg.rollout.temperature or 1.0,
-                  norm_length=cfg.data.max_response_length, total_steps=total_optimizer_steps(cfg),
+                  norm_length=cfg.data.max_response_length, total_steps=plan.optimizer_steps,
                   compute_dtype=dtype, use_remove_padding=pack)
     trainer = PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
-                         old_log_prob_source=old_log_prob_source(cfg, exact_rollout_log_probs(cfg)))
+                         old_log_prob_source=plan.old_log_probs)
     if compute is not None:
         share_worker_thread(trainer, compute)
     return trainer
@@ -121,25 +112,3 @@ def compute_dtype(cfg: Config) -> torch.dtype:
     """`model.dtype`: what forwards compute in (the trainer's autocast, the engines' weights);
     the trainer's master weights and optimizer state stay float32."""
     return getattr(torch, cfg.model.dtype)
-
-
-def exact_rollout_log_probs(cfg: Config) -> bool:
-    """Whether the engine's behaviour log-probs equal the trainer's up to float rounding: the
-    same model code in float32 on CPU (bf16 or GPU kernels differ measurably, so they recompute)."""
-    return cfg.model.dtype == "float32" and cfg.trainer.device == "cpu"
-
-
-def total_optimizer_steps(cfg: Config) -> int:
-    """The actor's optimizer steps over the run (what the LR schedule spans): updates x
-    mini-batches per update x ppo_epochs; the stream trainer steps once per update.
-
-    Example: 60 steps, train_batch_size 32, ppo_mini_batch_size 16, ppo_epochs 1 -> 120."""
-    a = cfg.actor
-    if cfg.pipeline == "fully_async":
-        per_update = cfg.async_training.require_batches * a.ppo_mini_batch_size
-        prompts = cfg.rollout.total_rollout_steps or cfg.data.train_batch_size * cfg.trainer.total_training_steps
-        return math.ceil(prompts / per_update) * num_mini_batches(per_update, a.ppo_mini_batch_size) * a.ppo_epochs
-    if cfg.stream_trainer.enable:
-        return cfg.trainer.total_training_steps
-    minis = num_mini_batches(cfg.data.train_batch_size, a.ppo_mini_batch_size)
-    return cfg.trainer.total_training_steps * minis * a.ppo_epochs

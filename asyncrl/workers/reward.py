@@ -26,7 +26,8 @@ from collections.abc import Iterable, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from asyncrl.config_schema import RewardConfig, RewardSchedulerConfig, SandboxConfig
+from asyncrl.config.long_tail import RewardSchedulerConfig, SandboxConfig
+from asyncrl.config.schema import RewardConfig
 from asyncrl.errors import ConfigError, RewardError
 from asyncrl.rewards import RewardPool, RewardResult, RewardStats, check_signature, resolve_reward_fn, score_batch
 from asyncrl.rewards.code_exec import CODE_SOURCES, count_tests

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import zlib
 
-from asyncrl.config_schema import RolloutConfig
+from asyncrl.config.schema import RolloutConfig
 from asyncrl.types import GenerationRequest, Mode, PromptRow, SamplingParams
 
 

@@ -4,7 +4,7 @@ Pipelines differ in how groups are produced (colocated, one-step-off, streamed);
 to a batch of groups does not: old log-probs → reference log-probs → values → KL-in-reward →
 advantages → critic update → actor update, each a named timed stage.
 
-Old log-probs come from one of four sources (`asyncrl.config.old_log_prob_source`):
+Old log-probs come from one of four sources (`asyncrl.scheduling.old_log_probs`, decided once by the run plan):
 - "recompute": a pass of the actor's current weights before the update (verl's; on-policy);
 - "update": none before the update; the actor takes its own forward's log-probs, detached (exact
   when the batch is one optimizer step on the weights that generated it);
@@ -35,9 +35,9 @@ from asyncrl.algorithms.advantages import compute_advantage
 from asyncrl.algorithms.agg import masked_mean
 from asyncrl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
 from asyncrl.algorithms.off_policy import truncated_is_weights
-from asyncrl.config import PASS_SOURCES
-from asyncrl.config_schema import AlgorithmConfig
+from asyncrl.config.schema import AlgorithmConfig
 from asyncrl.scheduling.batching import num_mini_batches
+from asyncrl.scheduling.old_log_probs import PASS_SOURCES, OldLogProbSource
 from asyncrl.sync import TrainerWeights, WeightMeta
 from asyncrl.telemetry.metrics import masked_stats, timer
 from asyncrl.telemetry.perf import ModelShape, actor_mfu, cuda_name, memory_metrics
@@ -63,8 +63,7 @@ class PPOTrainer:
 
     def __init__(self, actor: Actor, algorithm: AlgorithmConfig, *, pad_id: int,
                  ref: RefWorker | None = None, critic: Critic | None = None,
-                 old_log_prob_source: str = "recompute", num_threads: int = 0) -> None:
-        assert old_log_prob_source in ("recompute", "update", "rollout", "proximal")
+                 old_log_prob_source: OldLogProbSource = "recompute", num_threads: int = 0) -> None:
         self.num_threads = num_threads
         self.actor, self.ref, self.critic = actor, ref, critic
         self.algorithm = algorithm

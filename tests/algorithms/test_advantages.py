@@ -168,9 +168,10 @@ def test_missing_inputs_and_unknown_name_raise() -> None:
 
 
 def test_the_config_accepts_exactly_the_registered_estimators():
-    from asyncrl.config import ADV_ESTIMATORS, load_config
+    from asyncrl.config import load_config
+    from asyncrl.config.names import AdvEstimatorName, choices
 
-    assert ADV_ESTIMATORS is ADV_ESTIMATOR_NAMES  # one definition
+    assert ADV_ESTIMATOR_NAMES == choices(AdvEstimatorName)  # the registry's keys are the config's type
     for name in ADV_ESTIMATOR_NAMES:
         assert load_config(None, [f"algorithm.adv_estimator={name}"]).algorithm.adv_estimator == name
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from asyncrl.config_schema import ActorConfig
+from asyncrl.config.schema import ActorConfig
 from asyncrl.training import fsdp
 from asyncrl.training.actor import Actor
 from tests.training.helpers import tiny_lm

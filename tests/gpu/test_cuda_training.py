@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.config_schema import ActorConfig
+from asyncrl.config.schema import ActorConfig
 from asyncrl.pipelines import pipeline_module
 from asyncrl.training.actor import Actor
 from tests.pipelines.helpers import make_context, read_jsonl

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from asyncrl.config_schema import ModelConfig
+from asyncrl.config.schema import ModelConfig
 from asyncrl.errors import ConfigError
 from asyncrl.models.loading import check_model_path, load_model, local_tokenizer_dir, resolve_model_path
 from asyncrl.models.tokenizer import build_char_tokenizer

@@ -1,40 +1,21 @@
 """runner: what a reward call comes to (ok / error / timeout / invalid), counted and logged once.
 
-These run in this process (`InlinePool`); the real worker processes are tested in test_pool.py.
+These call in this process; the real worker processes are tested in test_pool.py.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 from asyncrl.data.tasks import make_task
 from asyncrl.errors import ConfigError, RewardTimeout
-from asyncrl.rewards.runner import (
-    Outcome,
-    RewardCall,
-    RewardStats,
-    call_reward,
-    check_signature,
-    score_batch,
-    score_response,
-)
+from asyncrl.rewards.runner import RewardStats, call_reward, check_signature
 
 ROW = make_task("arithmetic", 1)[0]
-
-
-class InlinePool:
-    """A RewardPool stand-in that calls one function in this process, without deadlines."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-
-    def run(self, calls: Sequence[RewardCall]) -> list[Outcome]:
-        return [call_reward(lambda c=c: self.fn(*c)) for c in calls]
 
 
 def crashing_reward(*args: Any) -> float:
@@ -84,23 +65,15 @@ def test_error_text_is_one_line() -> None:
 
 def test_stats_count_each_kind_and_log_it_once(caplog: pytest.LogCaptureFixture) -> None:
     values = {"ok": 1.0, "nan": math.nan}
-    pool = InlinePool(lambda ds, text, truth, extra: values[text] if text in values else crashing_reward())
     stats = RewardStats()
     with caplog.at_level(logging.WARNING, logger="asyncrl.reward"):
-        results = score_batch([ROW] * 5, ["ok", "boom", "nan", "boom", "nan"], pool=pool, stats=stats)
-    assert [r.status for r in results] == ["ok", "error", "invalid", "error", "invalid"]
+        for text in ["ok", "boom", "nan", "boom", "nan"]:
+            stats.record(call_reward(lambda t=text: values[t] if t in values else crashing_reward()), ROW.data_source)
     assert stats.metrics() == {"reward/ok_count": 1.0, "reward/errors": 2.0, "reward/timeouts": 0.0,
                                "reward/invalid": 2.0}
     assert len(caplog.records) == 2  # one per failure kind
     assert "ZeroDivisionError: boom" in caplog.text and "Traceback" in caplog.text
     assert f"data source '{ROW.data_source}'" in caplog.text
-
-
-def test_score_response_passes_verl_arguments() -> None:
-    seen: list[tuple[Any, ...]] = []
-    pool = InlinePool(lambda *args: seen.append(args) or 1.0)
-    assert score_response(ROW, "text", pool=pool).score == 1.0
-    assert seen == [(ROW.data_source, "text", ROW.ground_truth, dict(ROW.extra_info))]
 
 
 def test_check_signature_accepts_verl_shapes() -> None:

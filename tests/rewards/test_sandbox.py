@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config_schema import SandboxConfig
+from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.rewards.code_exec import code_score, compute_code
 from asyncrl.rewards.sandbox import Sandbox, make_sandbox
 from asyncrl.rewards.sandbox.bwrap import available

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.config_schema import SandboxConfig
+from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.rewards.code_exec import code_score
 from asyncrl.rewards.sandbox import SandboxError, make_sandbox
 

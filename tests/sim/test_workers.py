@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.config_schema import Config
+from asyncrl.config.schema import Config
 from asyncrl.sim.loop import run_virtual
 from asyncrl.sim.profile import load_profile
 from asyncrl.sim.workers import SimRolloutServer

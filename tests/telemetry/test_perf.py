@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from asyncrl.config_schema import ActorConfig, AlgorithmConfig, Config
+from asyncrl.config.schema import ActorConfig, AlgorithmConfig, Config
 from asyncrl.telemetry.perf import (
                                     ModelShape,
                                     actor_mfu,

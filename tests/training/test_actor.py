@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asyncrl.algorithms import compute_advantage
-from asyncrl.config_schema import ActorConfig
+from asyncrl.config.schema import ActorConfig
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.batch import build_batch
 from tests.training.helpers import make_groups, make_ragged_groups, tiny_lm

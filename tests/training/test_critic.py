@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.config_schema import CriticConfig
+from asyncrl.config.schema import CriticConfig
 from asyncrl.training.batch import build_batch
 from asyncrl.training.critic import Critic
 from tests.training.helpers import make_ragged_groups, tiny_lm

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from asyncrl.algorithms import compute_advantage
-from asyncrl.config_schema import ActorConfig
+from asyncrl.config.schema import ActorConfig
 from asyncrl.training.actor import Actor, response_log_probs
 from asyncrl.training.batch import TrainBatch, build_batch, micro_batches, split_rows
 from asyncrl.training.lora import apply_lora

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from asyncrl.config_schema import ActorConfig, AlgorithmConfig, Config, ModelConfig
+from asyncrl.config.schema import ActorConfig, AlgorithmConfig, Config, ModelConfig
 from asyncrl.rollout.engine import TorchEngine
 from asyncrl.sync import ParameterSynchronizer, checksum, export_named
 from asyncrl.sync.transports import InProcessTransport

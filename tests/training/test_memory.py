@@ -13,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from asyncrl.algorithms import compute_advantage
-from asyncrl.config_schema import ActorConfig, ModelConfig
+from asyncrl.config.schema import ActorConfig, ModelConfig
 from asyncrl.training.actor import Actor
 from asyncrl.training.batch import TrainBatch, build_batch
 from asyncrl.training.model import prepare_actor_model

@@ -13,7 +13,7 @@ from torch import nn
 
 from asyncrl.algorithms import compute_advantage
 from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logits
-from asyncrl.config_schema import ActorConfig, CriticConfig, ModelConfig
+from asyncrl.config.schema import ActorConfig, CriticConfig, ModelConfig
 from asyncrl.errors import ConfigError
 from asyncrl.training.actor import Actor, RefWorker, response_logits
 from asyncrl.training.batch import (

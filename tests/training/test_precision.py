@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.config_schema import ActorConfig
+from asyncrl.config.schema import ActorConfig
 from asyncrl.training.actor import Actor, RefWorker
 from tests.training.helpers import make_groups, tiny_lm
 from tests.training.test_actor import plain_log_probs, prepared_batch

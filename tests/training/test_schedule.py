@@ -8,10 +8,9 @@ import math
 import pytest
 import torch
 
-from asyncrl.config_schema import ActorConfig, Config
+from asyncrl.config.schema import ActorConfig
 from asyncrl.training.actor import Actor, actor_schedule
 from asyncrl.training.optim import LRSchedule, lr_factor, resolve_warmup
-from asyncrl.workers.factory import total_optimizer_steps
 from tests.training.helpers import make_groups, tiny_lm
 from tests.training.test_actor import prepared_batch
 
@@ -41,14 +40,6 @@ def test_warmup_ratio_is_a_fraction_of_all_optimizer_steps():
     assert resolve_warmup(5, 0.1, 36) == 5
     cfg = ActorConfig(warmup_steps=-1, warmup_ratio=0.25, lr_scheduler="cosine", min_lr_ratio=0.5)
     assert actor_schedule(cfg, 20) == LRSchedule(warmup_steps=5, total_steps=20, kind="cosine", min_lr_ratio=0.5)
-
-
-def test_total_optimizer_steps_counts_mini_batches_and_epochs():
-    cfg = Config()
-    assert total_optimizer_steps(cfg) == 60 * 2 * 1  # train_batch_size 32 / ppo_mini_batch_size 16
-    from dataclasses import replace
-    three = replace(cfg, actor=replace(cfg.actor, ppo_epochs=3))
-    assert total_optimizer_steps(three) == 60 * 2 * 3
 
 
 def lr_trace(actor: Actor, batch, updates: int) -> list[float]:

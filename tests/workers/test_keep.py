@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asyncrl.config_schema import RewardConfig, RolloutConfig
+from asyncrl.config.schema import RewardConfig, RolloutConfig
 from asyncrl.types import PromptRow
 from asyncrl.workers.reward import RewardWorker
 from asyncrl.workers.rollout import RequestBuilder

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config_schema import RewardConfig, RewardSchedulerConfig, SandboxConfig
+from asyncrl.config.long_tail import RewardSchedulerConfig, SandboxConfig
+from asyncrl.config.schema import RewardConfig
 from asyncrl.errors import ConfigError, RewardError
 from asyncrl.rewards import RewardResult
 from asyncrl.types import Group, PromptRow, Trajectory

@@ -8,7 +8,7 @@ import copy
 
 import torch
 
-from asyncrl.config_schema import RewardConfig, RolloutConfig
+from asyncrl.config.schema import RewardConfig, RolloutConfig
 from asyncrl.rollout import TorchEngine
 from asyncrl.types import PromptRow
 from asyncrl.workers.reward import RewardWorker

@@ -5,21 +5,23 @@ trainer charges the chunks' passes now and one optimizer step at apply."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
 
 from asyncrl.config import load_config
-from asyncrl.config_schema import ActorConfig, AlgorithmConfig, KLControlConfig
+from asyncrl.config.schema import ActorConfig, AlgorithmConfig, KLControlConfig
 from asyncrl.sim.loop import run_virtual
 from asyncrl.sim.profile import load_profile
 from asyncrl.sim.workers import SimTrainer
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.types import Group
 from asyncrl.workers.trainer import PPOTrainer
+from tests.tolerances import Lockstep, adamw_weight_bound, assert_within, sum_error
 from tests.training.helpers import make_groups, tiny_lm
 
+LR = 1e-3
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"]
 PLAIN = {"actor": {}, "algorithm": {}}
 KL_AND_ENTROPY = {"actor": {"use_kl_loss": True, "kl_loss_coef": 0.1, "entropy_coeff": 0.01},
@@ -28,7 +30,7 @@ KL_AND_ENTROPY = {"actor": {"use_kl_loss": True, "kl_loss_coef": 0.1, "entropy_c
 
 
 def make_trainer(mode: str, extra: dict[str, dict], micro_tokens: int = 10_000) -> PPOTrainer:
-    cfg = ActorConfig(lr=1e-3, warmup_steps=0, grad_clip=1e9, loss_agg_mode=mode, ppo_mini_batch_size=6,
+    cfg = ActorConfig(lr=LR, warmup_steps=0, grad_clip=1e9, loss_agg_mode=mode, ppo_mini_batch_size=6,
                       ppo_micro_batch_tokens=micro_tokens, **extra["actor"])
     actor = Actor(tiny_lm(), cfg, temperature=1.0, norm_length=8)
     algorithm = AlgorithmConfig(**extra["algorithm"])
@@ -59,26 +61,55 @@ def weights(trainer: PPOTrainer) -> torch.Tensor:
     return torch.cat([p.detach().flatten().clone() for p in trainer.actor.model.parameters()])
 
 
-def state(trainer: PPOTrainer) -> tuple[torch.Tensor, torch.Tensor]:
+def state_of(trainer: PPOTrainer) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights, gradients), each flattened into one vector."""
     grads = [p.grad.flatten() for p in trainer.actor.model.parameters() if p.grad is not None]
     return weights(trainer), torch.cat(grads)
 
 
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Torch's intra-op threads for the test (another reduction order in the kernels), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def tokens_of(groups: Sequence[Group]) -> int:
+    return sum(len(t.response_ids) for g in groups for t in g.trajectories)
+
+
+def gradient_error(groups: Sequence[Group], extra: dict[str, dict], grad: torch.Tensor) -> float:
+    """Bound on |g_stream - g_plain| per element (tests/tolerances.py): each gradient element sums,
+    in float32, one term per response token and loss term (policy, plus KL and entropy when on),
+    grouped into other micro-batches and chunks; max|g| stands in for the terms' sum |x_i|."""
+    loss_terms = 1 + bool(extra["actor"].get("use_kl_loss")) + bool(extra["actor"].get("entropy_coeff"))
+    return sum_error(torch.float32, tokens_of(groups) * loss_terms, float(grad.abs().max()))
+
+
+def assert_same_step(plain: PPOTrainer, stream: PPOTrainer, groups: Sequence[Group], extra: dict[str, dict]) -> None:
+    """Gradients within their summation bound; weights within what AdamW makes of that bound
+    (an element whose gradient is within the bound of 0 may differ by up to a full step, lr; one
+    far above it by ~lr x bound / |g|) plus the rounding of the update and the weight."""
+    (w_plain, g_plain), (w_stream, g_stream) = state_of(plain), state_of(stream)
+    error = gradient_error(groups, extra, g_plain)
+    assert_within(g_stream, g_plain, error, "gradients")
+    assert_within(w_stream, w_plain, adamw_weight_bound(w_plain, g_plain, error, LR), "weights")
+
+
+@pytest.mark.parametrize("order", ["finish", "reversed"])
 @pytest.mark.parametrize("extra", [PLAIN, KL_AND_ENTROPY], ids=["plain", "kl-entropy"])
 @pytest.mark.parametrize("mode", MODES)
-def test_streamed_step_equals_plain_step(mode: str, extra: dict[str, dict]) -> None:
+def test_streamed_step_equals_plain_step(mode: str, extra: dict[str, dict], order: str, threads: int) -> None:
     groups = ragged_groups()
     plain, stream = make_trainer(mode, extra), make_trainer(mode, extra, micro_tokens=16)
     before = weights(plain)
     want = asyncio.run(plain.train_groups(groups))
-    got = streamed(stream, chunks_of(groups))
-    (w_plain, g_plain), (w_stream, g_stream) = state(plain), state(stream)
-    assert (w_plain - before).abs().max() > 1e-4  # the step moved the weights: the comparison means something
-    torch.testing.assert_close(g_stream, g_plain, rtol=1e-5, atol=1e-6)  # |g| up to 0.3
-    # Adam's first step is lr * g / (|g| + 1e-8): a 1e-10 rounding difference in a near-zero
-    # gradient element moves that weight by up to lr * 1e-2 = 1e-5, 1% of a step (lr = 1e-3).
-    torch.testing.assert_close(w_stream, w_plain, rtol=1e-5, atol=1e-5)
+    chunks = chunks_of(groups)
+    got = streamed(stream, chunks if order == "finish" else chunks[::-1])
+    assert (weights(plain) - before).abs().max() > 1e-4  # the step moved the weights: the comparison means something
+    assert_same_step(plain, stream, groups, extra)
     assert set(got) == set(want)
     for key in want:
         if not key.startswith(("timing_s/", "perf/")):  # times and memory vary run to run
@@ -88,16 +119,28 @@ def test_streamed_step_equals_plain_step(mode: str, extra: dict[str, dict]) -> N
 
 
 def test_accumulate_does_not_change_weights_and_a_second_batch_starts_afresh() -> None:
+    """Two batches, each step compared from the same weights and AdamW state (`Lockstep`: after
+    each step the stream trainer takes the plain one's), so the second step's gradients show
+    whether the first batch's were carried over."""
     groups = ragged_groups()
+    batches = [groups[:2], groups[2:]]
     plain, stream = make_trainer("token-mean", PLAIN), make_trainer("token-mean", PLAIN)
+    lead = Lockstep()
+    lead.attach(plain.actor.model, plain.actor.optimizer)
+    for batch in batches:
+        asyncio.run(plain.train_groups(batch))
+    follow = Lockstep(leader=lead)
+    follow.attach(stream.actor.model, stream.actor.optimizer)
     first = weights(stream)
-    asyncio.run(stream.accumulate_groups(groups[:2]))
+    asyncio.run(stream.accumulate_groups(batches[0]))
     torch.testing.assert_close(weights(stream), first, rtol=0, atol=0)
     asyncio.run(stream.apply_update())
-    asyncio.run(plain.train_groups(groups[:2]))
-    asyncio.run(plain.train_groups(groups[2:]))
-    streamed(stream, [groups[2:4], groups[4:]])  # the first batch's gradients are not carried over
-    torch.testing.assert_close(weights(stream), weights(plain), rtol=1e-5, atol=1e-5)
+    streamed(stream, [groups[2:4], groups[4:]])
+    for want, got, batch in zip(lead.steps, follow.steps, batches, strict=True):
+        error = gradient_error(batch, PLAIN, want.grad)
+        assert_within(got.grad, want.grad, error, f"step {want.step} gradients")
+        bound = adamw_weight_bound(want.weights, want.grad, error, LR, want.step, want.exp_avg, want.exp_avg_sq)
+        assert_within(got.weights, want.weights, bound, f"step {want.step} weights")
 
 
 def test_apply_update_without_accumulate_is_an_error() -> None:

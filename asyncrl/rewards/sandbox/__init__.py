@@ -16,7 +16,7 @@ import functools
 import json
 import os
 
-from asyncrl.config_schema import SandboxConfig
+from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.rewards.sandbox import bwrap
 from asyncrl.rewards.sandbox.base import RunResult, RunStatus, Sandbox, SandboxError
 from asyncrl.rewards.sandbox.bwrap import BwrapSandbox

@@ -27,7 +27,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from asyncrl.config_schema import SandboxConfig
+from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.rewards.sandbox.base import RunResult
 from asyncrl.rewards.sandbox.limits import MIB, limiter
 from asyncrl.rewards.sandbox.process import BOOT, run_process, uid_slot

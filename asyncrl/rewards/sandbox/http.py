@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from asyncrl.config_schema import SandboxConfig
+from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.rewards.sandbox.base import RunResult, RunStatus
 
 HTTP_SLACK_S = 10.0

@@ -17,7 +17,7 @@ import math
 import resource
 from collections.abc import Callable
 
-from asyncrl.config_schema import SandboxConfig
+from asyncrl.config.long_tail import SandboxConfig
 
 MIB = 1 << 20
 

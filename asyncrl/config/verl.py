@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.config_keys import leaf_keys, section_keys, unknown_key_message
+from asyncrl.config.keys import leaf_keys, section_keys, unknown_key_message
 from asyncrl.errors import ConfigError
 
 log = logging.getLogger("asyncrl.config")

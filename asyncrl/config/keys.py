@@ -4,7 +4,8 @@
 `reference_markdown()` is docs/configuration.md, `documented_yaml(cfg)` a resolved config with
 each key's docstring as a comment (what `asyncrl config` prints); `unknown_key_message(key)` is
 the one-line error for a key nobody knows, suggesting only keys that exist and mean what the
-user likely meant. The schema itself is `config_schema.py`; loading and checks are `config.py`.
+user likely meant. Each key's docs come from its declaration in `schema.py`: the docstring, and
+the choices of its `Literal` type and its range, appended (so they are never written twice).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import dataclasses
 import functools
 import inspect
 import re
+import typing
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from asyncrl.config_schema import Config
+from asyncrl.config.fields import rule_of
+from asyncrl.config.schema import Config
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -35,14 +38,28 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _fields(node: Any, prefix: str) -> Iterator[tuple[str, Any, str, bool]]:
-    """(dotted key, value, docstring, is a section) of `node`'s fields, depth first."""
-    docs = field_docs(type(node))
+    """(dotted key, value, docs, is a section) of `node`'s fields, depth first."""
+    docs, hints = field_docs(type(node)), typing.get_type_hints(type(node))
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         section = dataclasses.is_dataclass(value)
-        yield prefix + f.name, value, docs.get(f.name, ""), section
+        yield prefix + f.name, value, _described(docs.get(f.name, ""), hints[f.name], rule_of(f)), section
         if section:
             yield from _fields(value, f"{prefix}{f.name}.")
+
+
+def _described(doc: str, tp: Any, rule: str) -> str:
+    """The docstring, then the choices of a `Literal` (or a tuple of them) and the range."""
+    if typing.get_origin(tp) is tuple:
+        tp = typing.get_args(tp)[0]
+    choices = typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
+    extra = [f"One of: {', '.join(map(str, choices))}." if choices else "", f"Range: {rule}." if rule else ""]
+    return " ".join(part for part in [doc, *extra] if part)
+
+
+def value_at(node: Any, key: str) -> Any:
+    """The value of dotted `key` in a config: `value_at(cfg, "algorithm.kl_ctrl.type")`."""
+    return functools.reduce(getattr, key.split("."), node)
 
 
 @functools.cache

@@ -1,0 +1,56 @@
+"""The names a config choice takes, defined once as `Literal` types: the schema's fields are typed
+with them (so validation, `asyncrl config`'s docs and the error messages list them), and each
+registry is keyed by exactly them (the registry's module asserts so at import, or types its keys
+with the alias).
+
+Imports only `typing`, so `asyncrl.config` stays light (no torch, no transformers) and the pure
+core can take its key types from here without pulling anything else in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+Pipeline = Literal["colocated", "one_step_off", "fully_async"]
+"""`pipeline=`: `asyncrl.pipelines.PIPELINE_MODULES`."""
+Backend = Literal["local", "ray", "processes"]
+"""`backend=`: the substrates a real run can use (`asyncrl.substrates`); `asyncrl sim` adds "sim"."""
+Engine = Literal["torch"]
+"""`rollout.engine=`: `asyncrl.rollout.registry.ENGINES`."""
+Device = Literal["cpu", "cuda"]
+Dtype = Literal["float32", "bfloat16"]
+Task = Literal["arithmetic", "countdown", "code", "longtail"]
+"""`data.task=`: the built-in generated tasks (`asyncrl.data.tasks`)."""
+Logger = Literal["console", "jsonl", "tensorboard", "wandb"]
+
+AdvEstimatorName = Literal["gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus",
+                           "reinforce_plus_plus_baseline", "opo", "gpg", "remax"]
+"""`algorithm.adv_estimator=`: `asyncrl.algorithms.advantages.ADV_ESTIMATORS`."""
+GROUP_ESTIMATORS: tuple[AdvEstimatorName, ...] = ("grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline",
+                                                  "opo", "gpg")
+"""Estimators that compare responses within a group (they need rollout.n >= 2)."""
+SYNC_ONLY_ESTIMATORS: tuple[AdvEstimatorName, ...] = ("gae", "remax")
+"""Estimators that need a critic pass or an extra generation inside the step: colocated only."""
+PolicyLossName = Literal["vanilla", "gspo", "cispo", "gpg"]
+"""`actor.policy_loss=`: `asyncrl.algorithms.policy_loss.POLICY_LOSSES`."""
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+"""`actor.loss_agg_mode=`: `asyncrl.algorithms.agg`."""
+KLKind = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl",
+                 "k1+", "kl+", "abs+", "k2+", "mse+", "k3+", "low_var_kl+"]
+"""KL estimators (`asyncrl.algorithms.kl`); `+` takes the value of one and the gradient of k2."""
+KLControl = Literal["fixed", "adaptive"]
+LRSchedule = Literal["constant", "cosine"]
+OldLogProbs = Literal["auto", "recompute", "rollout"]
+"""`actor.old_log_probs=`; the resolved source is `asyncrl.scheduling.old_log_probs.OldLogProbSource`."""
+OffPolicyCorrection = Literal["none", "token", "sequence"]
+SandboxBackend = Literal["auto", "bwrap", "rlimit", "http"]
+
+
+def choices(literal: Any) -> tuple[str, ...]:
+    """The values of a `Literal` alias, in order: `choices(KLControl) == ("fixed", "adaptive")`."""
+    return get_args(literal)
+
+
+PIPELINES = choices(Pipeline)
+BACKENDS = choices(Backend)
+ENGINES = choices(Engine)

@@ -1,0 +1,192 @@
+"""Tolerances for two float computations of the same training step, derived from what is compared
+(dtype, number of summed terms, their size, what AdamW does to a gradient's rounding error)
+rather than tuned on one machine; and `Lockstep`, which replays one run's optimizer state into
+another after every step so that each step is compared from the same weights.
+
+Not here: tolerances for sampled statistics (those follow from the sample size), or for
+comparisons across dtypes (bf16 against float32 is a different question).
+
+Summation (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., eq. 4.4): a sum of
+n terms in any order and grouping is within (n - 1) u sum|x_i| of the exact sum, u = eps / 2.
+Two such sums (other micro-batches, chunks, thread count or kernel) differ by less than
+n eps sum|x_i|: `sum_error`.
+
+AdamW (Loshchilov & Hutter 2019) moves a weight by lr m_hat / (sqrt(v_hat) + adam_eps), whose
+size is at most lr R_t whatever the gradients (`adam_ratio_bound`). At the first step that is
+lr g / (|g| + adam_eps): a gradient element within its rounding error of 0 can come out anywhere
+in [-lr, lr], one with |g| far above it moves by lr g / |g| in both runs. `adamw_step_error`
+bounds the change of the update over every gradient within the error, per element, by interval
+arithmetic; `adamw_rounding` adds the rounding of the update and of the weight itself.
+
+Over several steps an element that moved differently at step 1 changes every later gradient
+through the loss's curvature, which no rounding bound covers: `Lockstep` starts each step of the
+follower from the leader's weights and optimizer state, so every step is one bounded step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which asyncrl.training.optim keeps
+BETAS = (0.9, 0.999)
+# Roundings in one element's AdamW update (two lerps, square, sqrt, two bias corrections, add
+# eps, divide, scale by lr), each <= u = eps / 2 relative; two runs: <= 10 eps of the update.
+UPDATE_ROUNDINGS = 10
+
+
+def eps_of(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps
+
+
+def sum_error(dtype: torch.dtype, terms: int, scale: float) -> float:
+    """Bound on |a - b| for two evaluations of a sum of `terms` terms whose absolute values sum to
+    at most `scale`, in any order or grouping. Example: float32, 60 terms, scale 0.3 ->
+    60 x 2^-23 x 0.3 = 2.1e-6."""
+    assert terms >= 1 and scale >= 0
+    return terms * eps_of(dtype) * scale
+
+
+def adam_ratio_bound(step: int, betas: tuple[float, float] = BETAS) -> float:
+    """Largest |m_hat| / sqrt(v_hat) after `step` steps over any gradients (Cauchy-Schwarz over
+    the bias-corrected weights a_k, b_k of each past gradient: sqrt(sum a_k^2 / b_k)). Step 1: 1."""
+    b1, b2 = betas
+    total = 0.0
+    for k in range(1, step + 1):
+        a = (1 - b1) * b1 ** (step - k) / (1 - b1**step)
+        b = (1 - b2) * b2 ** (step - k) / (1 - b2**step)
+        total += a * a / b
+    return math.sqrt(total)
+
+
+def first_step_error(grad: torch.Tensor, grad_error: float | torch.Tensor, lr: float) -> torch.Tensor:
+    """Per element, the most AdamW's first step, lr g / (|g| + adam_eps) (bias correction makes
+    m_hat = g and v_hat = g^2), changes over gradients within `grad_error` of `grad`. The step is
+    increasing in g, so the extremes are at the ends of the interval.
+
+    Example (lr 1e-3, error 1e-6): g = 0 -> 1e-3 x 1e-6 / (1e-6 + 1e-8) = 0.99e-3, about a full
+    step; g = 0.1 -> 1e-3 x 1e-8 x 1e-6 / 0.1^2 = 1e-15."""
+    g = grad.double()
+    err = torch.as_tensor(grad_error, dtype=torch.float64)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x / (x.abs() + ADAM_EPS)
+
+    return lr * torch.maximum(step(g + err) - step(g), step(g) - step(g - err))
+
+
+def adamw_step_error(grad: torch.Tensor, grad_error: float | torch.Tensor, lr: float, step: int = 1,
+                     exp_avg: torch.Tensor | None = None, exp_avg_sq: torch.Tensor | None = None,
+                     betas: tuple[float, float] = BETAS) -> torch.Tensor:
+    """Per element, the most AdamW's step `step` (from state `exp_avg`, `exp_avg_sq`; none at
+    step 1) can differ between two runs whose gradients differ by at most `grad_error` around
+    `grad`. Step 1: exact (see `first_step_error`). Later: m and v over their intervals, the
+    ratio over its corners, clipped to +-R_t (interval arithmetic: sound, not tight)."""
+    if exp_avg is None or exp_avg_sq is None:
+        assert step == 1 and exp_avg is None and exp_avg_sq is None, "AdamW's state is empty only at step 1"
+        return first_step_error(grad, grad_error, lr)
+    b1, b2 = betas
+    g = grad.double()
+    m0, v0 = exp_avg.double(), exp_avg_sq.double()
+    err = torch.as_tensor(grad_error, dtype=torch.float64)
+    c1, c2 = 1 - b1**step, 1 - b2**step
+    num = (b1 * m0 + (1 - b1) * g) / c1
+    num_err = (1 - b1) * err / c1
+    low_g, high_g = (g.abs() - err).clamp(min=0), g.abs() + err
+    den = ((b2 * v0 + (1 - b2) * g * g) / c2).sqrt() + ADAM_EPS
+    den_lo = ((b2 * v0 + (1 - b2) * low_g * low_g) / c2).sqrt() + ADAM_EPS
+    den_hi = ((b2 * v0 + (1 - b2) * high_g * high_g) / c2).sqrt() + ADAM_EPS
+    corners = torch.stack([(num + s * num_err) / d for s in (-1, 1) for d in (den_lo, den_hi)])
+    r = adam_ratio_bound(step, betas)
+    ratio = num / den
+    spread = torch.maximum(corners.amax(0).clamp(max=r) - ratio, ratio - corners.amin(0).clamp(min=-r))
+    return lr * spread
+
+
+def adamw_rounding(weights: torch.Tensor, lr: float, step: int = 1, betas: tuple[float, float] = BETAS) -> torch.Tensor:
+    """Per element, what rounding alone makes two runs' AdamW step differ by, from the same weights
+    and gradients: the update's roundings (`UPDATE_ROUNDINGS` eps of at most lr R_t) and half an
+    ulp of the new weight in each run (weight decay's product rounds within the same ulp)."""
+    eps = eps_of(weights.dtype)
+    return eps * weights.double().abs() + UPDATE_ROUNDINGS * eps * lr * adam_ratio_bound(step, betas)
+
+
+def adamw_weight_bound(weights: torch.Tensor, grad: torch.Tensor, grad_error: float | torch.Tensor, lr: float,
+                       step: int = 1, exp_avg: torch.Tensor | None = None,
+                       exp_avg_sq: torch.Tensor | None = None) -> torch.Tensor:
+    """Per element, |w_a - w_b| after one AdamW step from the same weights and state with
+    gradients within `grad_error` of `grad`: the step's sensitivity plus rounding."""
+    return adamw_step_error(grad, grad_error, lr, step, exp_avg, exp_avg_sq) + adamw_rounding(weights, lr, step)
+
+
+def assert_within(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor | float, what: str) -> None:
+    """|actual - expected| <= bound element by element; the message names the worst element."""
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    diff = (actual.double() - expected.double()).abs()
+    slack = diff - torch.as_tensor(bound, dtype=torch.float64)
+    if diff.numel() and float(slack.max()) > 0:
+        i = int(slack.argmax())
+        limit = torch.as_tensor(bound, dtype=torch.float64).expand_as(diff).flatten()[i]
+        n_over = int((slack > 0).sum())
+        raise AssertionError(f"{what}: {n_over} of {diff.numel()} elements over the bound; worst at {i}: "
+                             f"|{float(actual.flatten()[i]):.9g} - {float(expected.flatten()[i]):.9g}| = "
+                             f"{float(diff.flatten()[i]):.3g} > {float(limit):.3g}")
+
+
+def flat(tensors: Any) -> torch.Tensor:
+    return torch.cat([t.detach().flatten() for t in tensors])
+
+
+@dataclass
+class StepRecord:
+    """One optimizer step as a run saw it: the gradient going in, AdamW's state before it (flat,
+    in parameter order; None at step 1) and the weights coming out."""
+
+    step: int
+    grad: torch.Tensor
+    exp_avg: torch.Tensor | None
+    exp_avg_sq: torch.Tensor | None
+    weights: torch.Tensor
+
+
+@dataclass
+class Lockstep:
+    """Records every step of a leader run; a follower run records its own and then takes the
+    leader's weights and AdamW state of that step, so its next gradient is computed at the same
+    weights. Each recorded step then differs only by that step's rounding.
+
+    Usage: `lead = Lockstep(); lead.attach(model_a, opt_a); <train a>; follow = Lockstep(leader=lead);
+    follow.attach(model_b, opt_b); <train b>; compare lead.steps[k] with follow.steps[k]`."""
+
+    leader: Lockstep | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+    _saved: list[tuple[dict[str, torch.Tensor], dict[str, Any]]] = field(default_factory=list)
+
+    def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        pending: dict[str, Any] = {}
+
+        def before(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            states = [opt.state.get(p, {}) for p in params]
+            has_state = all("exp_avg" in s for s in states)
+            pending["grad"] = flat(p.grad for p in params).clone()
+            pending["m"] = flat(s["exp_avg"] for s in states).clone() if has_state else None
+            pending["v"] = flat(s["exp_avg_sq"] for s in states).clone() if has_state else None
+
+        def after(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            k = len(self.steps)
+            self.steps.append(StepRecord(k + 1, pending["grad"], pending["m"], pending["v"], flat(params).clone()))
+            if self.leader is None:
+                self._saved.append((copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())))
+                return
+            weights, state = self.leader._saved[k]
+            model.load_state_dict(weights)
+            opt.load_state_dict(copy.deepcopy(state))
+
+        optimizer.register_step_pre_hook(before)
+        optimizer.register_step_post_hook(after)
