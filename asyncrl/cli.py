@@ -89,7 +89,7 @@ def sim(args: list[str]) -> int:
         fit_from_run(cfg, ns.fit, ns.out, log=logger.info)
         logger.info(f"wrote {ns.out}; use it with sim.profile={ns.out}")
         return 0
-    from asyncrl.pipelines.setup import log_line
+    from asyncrl.pipelines.context import log_line
     from asyncrl.sim.run import sim_config, simulate
     from asyncrl.sim.summary import table
 

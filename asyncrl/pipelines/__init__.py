@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from asyncrl.config import names
 
 if TYPE_CHECKING:
-    from asyncrl.pipelines.setup import RunContext
+    from asyncrl.pipelines.context import RunContext
 
 PIPELINE_MODULES = {"colocated": "asyncrl.pipelines.colocated",
                     "one_step_off": "asyncrl.pipelines.one_step_off",

@@ -39,7 +39,7 @@ from asyncrl.telemetry.metrics import reward_overlap_metrics, timer
 from asyncrl.types import Group, PromptRow
 
 if TYPE_CHECKING:
-    from asyncrl.pipelines.setup import RunContext
+    from asyncrl.pipelines.context import RunContext
 
 
 class Rollout(Generating, Protocol):

@@ -28,7 +28,7 @@ from asyncrl.errors import AsyncRLError
 from asyncrl.fsutil import atomic_write_bytes, atomic_write_text
 
 if TYPE_CHECKING:
-    from asyncrl.pipelines.setup import RunContext
+    from asyncrl.pipelines.context import RunContext
 
 LATEST = "latest_checkpointed_iteration.txt"
 COMPLETE = "COMPLETE"

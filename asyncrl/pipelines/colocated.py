@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from asyncrl.pipelines.batch_source import Batch, BatchSource, batch_source
 from asyncrl.pipelines.common import after_step, guarded, start, train, validate_before_training
-from asyncrl.pipelines.setup import RunContext
+from asyncrl.pipelines.context import RunContext
 from asyncrl.pipelines.streaming import StreamFeeder
 from asyncrl.scheduling.stream_trigger import StreamTrigger
 from asyncrl.telemetry.metrics import timer

@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from asyncrl.pipelines.checkpoint import load_checkpoint, save_checkpoint, snapshot
-from asyncrl.pipelines.setup import RunContext, open_tracker
+from asyncrl.pipelines.context import RunContext
+from asyncrl.pipelines.setup import open_tracker
 from asyncrl.pipelines.stopping import Stopped
 from asyncrl.telemetry.metrics import group_metrics, timer
 from asyncrl.telemetry.perf import run_devices, step_perf

@@ -31,8 +31,8 @@ import math
 from typing import Any
 
 from asyncrl.pipelines.common import after_step, guarded, staleness_metrics, start, train, validate_before_training
+from asyncrl.pipelines.context import RunContext
 from asyncrl.pipelines.rollouter import Rollouter
-from asyncrl.pipelines.setup import RunContext
 from asyncrl.pipelines.stopping import Stopped
 from asyncrl.queue.message_queue import MessageQueue
 from asyncrl.scheduling.batching import prompts_per_update

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from asyncrl.pipelines.batch_source import BatchSource, batch_source
 from asyncrl.pipelines.common import after_step, due, guarded, staleness_metrics, start, train, validate_before_training
-from asyncrl.pipelines.setup import RunContext
+from asyncrl.pipelines.context import RunContext
 from asyncrl.telemetry.metrics import timer
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from asyncrl.pipelines.setup import RunContext
+from asyncrl.pipelines.context import RunContext
 from asyncrl.queue.message_queue import MessageQueue
 from asyncrl.scheduling.staleness import StalenessBudget
 from asyncrl.telemetry import clock

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from asyncrl.pipelines.setup import RunContext
+from asyncrl.pipelines.context import RunContext
 from asyncrl.scheduling.stream_trigger import StreamTrigger
 from asyncrl.types import Group
 

@@ -85,12 +85,6 @@ def adamw(params: list[nn.Parameter], **kwargs: Any) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, fused=fused, foreach=not fused, **kwargs)
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def seed_state() -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from asyncrl.config import load_config
 from asyncrl.pipelines import pipeline_module
-from asyncrl.pipelines.setup import RunContext, build_context
+from asyncrl.pipelines.context import RunContext
+from asyncrl.pipelines.setup import build_context
 
 
 def make_context(out: Path, *overrides: str) -> RunContext:

@@ -18,7 +18,7 @@ import pytest
 from asyncrl.errors import WorkerDied
 from asyncrl.pipelines import pipeline_module
 from asyncrl.pipelines.checkpoint import latest_checkpoint, load_checkpoint_state
-from asyncrl.pipelines.setup import RunContext
+from asyncrl.pipelines.context import RunContext
 from asyncrl.pipelines.stopping import Stopped
 from tests.pipelines.helpers import make_context, read_jsonl, run_pipeline
 

@@ -8,7 +8,7 @@ import pytest
 
 from asyncrl.data.tasks import make_task
 from asyncrl.errors import WorkerDied
-from asyncrl.pipelines.setup import RolloutRouter
+from asyncrl.pipelines.router import RolloutRouter
 from asyncrl.types import Group
 
 ROW = make_task("arithmetic", 1)[0]
@@ -91,7 +91,7 @@ class ScoringWorker:
 
 def test_scoring_is_shared_by_every_worker_and_keeps_the_order():
     workers = [ScoringWorker(), ScoringWorker()]
-    router = RolloutRouter(workers)  # type: ignore[arg-type]
+    router = RolloutRouter(workers, log=lambda _: None)  # type: ignore[arg-type]
     groups = [Group(f"g{i}", ROW, []) for i in range(5)]
     scored = asyncio.run(router.score(groups))
     assert [g.uid for g in scored] == ["g0", "g1", "g2", "g3", "g4"]
