@@ -12,7 +12,7 @@ workers); the planner takes the step's difference, feeds the pure policy
 (`asyncrl.scheduling.tp_planner.TPPlanner`), logs `rollout/preemptions_step` and
 `rollout/tp_size` (the TP planned for the next step), and applies a new size to every rollout
 worker whose class defines `set_tensor_parallel(tp)`: the simulator's modelled engines
-(`SimRolloutServer`, see `asyncrl.sim.substrate` for how a TP change is modelled), and a real
+(`SimRolloutServer`, see `asyncrl.sim.topology` for how a TP change is modelled), and a real
 engine with tensor parallelism once it has one. The CPU torch engine cannot change TP: there the
 planner only reports the planned size, and says so once in the log.
 

@@ -15,7 +15,7 @@ so a decoupled pool running ~1000 sequences reaches the throughput the hardware 
     prefill      = tokens * 2 * params / (speed * flops * prefill_mfu)
     KV capacity  = (tp * device_mem * gpu_memory_utilization - weight_bytes) / kv_bytes_per_token
 
-A share of an engine (the TP planner, `asyncrl.sim.substrate.engine_shape`): a server whose
+A share of an engine (the TP planner, `asyncrl.sim.topology.engine_shape`): a server whose
 devices are a fraction `share` of one engine of `tp` devices (share < 1: TP grew past the
 server's devices; share > 1: the server holds 1/share engines) is modelled as that fraction of
 the engine's batch: `a` stays, `b`, `c` and prefill divide by `share`, KV capacity and

@@ -28,6 +28,7 @@ from asyncrl.scheduling.old_log_probs import PASS_SOURCES, OldLogProbSource
 from asyncrl.sim import costs
 from asyncrl.sim.engine import EngineModel, Finished, GroupSpec, Runs, SimEngine, extend_runs
 from asyncrl.sim.profile import Profile
+from asyncrl.sim.topology import engine_shape, kv_capacity
 from asyncrl.sim.workload import Workload
 from asyncrl.sync.tensors import WeightMeta
 from asyncrl.telemetry.metrics import timer
@@ -39,9 +40,8 @@ class SimRolloutServer:
 
     def __init__(self, cfg: Config, profile: Profile, tp: int, workload: Workload) -> None:
         self.cfg, self.profile, self.workload = cfg, profile, workload
-        capacity = cfg.rollout.kv_budget_tokens if profile.device == "cpu" else costs.kv_capacity_tokens(profile, tp)
         model = EngineModel(costs.decode_coefficients(profile, tp), costs.prefill_s_per_token(profile, tp),
-                            capacity, cfg.rollout.max_num_seqs)
+                            kv_capacity(cfg, profile, tp), cfg.rollout.max_num_seqs)
         self.engine = SimEngine(model)
         self.partial_continuations = 0
         self._groups = 0
@@ -163,9 +163,7 @@ class SimRolloutServer:
     async def set_tensor_parallel(self, tp: int) -> None:
         """Rollout TP `tp` from now on (the TP planner, `asyncrl.pipelines.planning`): this
         server's devices become a share of an engine of `tp` devices, or hold several such
-        engines (`asyncrl.sim.substrate.engine_shape`)."""
-        from asyncrl.sim.substrate import engine_shape  # that module imports this one
-
+        engines (`asyncrl.sim.topology.engine_shape`)."""
         self.engine.retune(*engine_shape(self.cfg, self.profile, tp))
 
 

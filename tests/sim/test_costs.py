@@ -75,19 +75,6 @@ def test_a_busy_decoupled_h20_engine_reaches_large_batch_decode_throughput():
     assert b == pytest.approx(2 * 7.62e9 / (4 * 0.85**2 * 148e12 * p.decode_mfu), rel=1e-9, abs=0)
 
 
-def test_gpu_memory_utilization_sets_the_modelled_kv_capacity():
-    from asyncrl.errors import ConfigError
-    from asyncrl.sim.substrate import with_memory_utilization
-
-    p = load_profile("h20-qwen2.5-7b")
-    assert with_memory_utilization(p, 0.0) is p
-    raised = with_memory_utilization(p, 0.9)
-    # (4 x 96 GB x 0.9 - 15.24 GB of weights) / 57344 B per token
-    assert costs.kv_capacity_tokens(raised, 4) == pytest.approx((4 * 96e9 * 0.9 - 15.24e9) / 57344, rel=1e-6, abs=1)
-    with pytest.raises(ConfigError, match="sim.gpu_memory_utilization"):
-        with_memory_utilization(p, 1.5)
-
-
 def test_token_per_gpu_micro_batches_and_dp_efficiency_slow_updates_only():
     """4 devices, Ulysses 2: 2 ranks of 2 sequences (200 tokens each). `ppo_micro_batch_tokens`
     60 per GPU x 2 = 120 tokens per micro-batch: 2 per rank. dp_efficiency 0.5 halves the

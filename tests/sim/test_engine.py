@@ -120,46 +120,6 @@ def test_retune_to_a_smaller_cache_preempts_the_newest():
     assert m.preemptions == 1 and len(m.running) == 1 and len(m.waiting) == 1
 
 
-def sim_cfg(*overrides):
-    from asyncrl.config import load_config
-
-    return load_config(None, ["pipeline=colocated", "trainer.nnodes=1", "trainer.n_gpus_per_node=8",
-                              "rollout.max_num_seqs=256", *overrides])
-
-
-def test_engine_shape_at_the_configured_tp_is_the_built_engine():
-    from asyncrl.sim import costs
-    from asyncrl.sim.profile import load_profile
-    from asyncrl.sim.substrate import engine_shape
-
-    p = load_profile("h20-qwen2.5-7b")
-    shape = engine_shape(sim_cfg("rollout.tensor_model_parallel_size=2"), p, 2)
-    built = (costs.decode_coefficients(p, 2), costs.prefill_s_per_token(p, 2), costs.kv_capacity_tokens(p, 2), 256)
-    assert shape == built
-
-
-def test_engine_shape_is_a_share_of_a_larger_engine_or_several_smaller_ones():
-    from asyncrl.sim.profile import load_profile
-    from asyncrl.sim.substrate import engine_shape
-
-    p = load_profile("h20-qwen2.5-7b")
-    cfg = sim_cfg("rollout.tensor_model_parallel_size=2")
-    (a, b, c), prefill, capacity, seqs = engine_shape(cfg, p, 4)  # each 2-GPU server: half a TP-4 engine
-    # TP 4: speed 4 x 0.85^2 = 2.89; KV (4 x 96e9 x 0.85 - 7.62e9 x 2) / 57344 = 5,426,199 tokens
-    bw = 4000e9 * p.mem_bw_eff * 2.89
-    assert a == pytest.approx(p.decode_step_s + 15.24e9 / bw, rel=1e-9, abs=1e-12)
-    assert b == pytest.approx(2 * 2 * 7.62e9 / (148e12 * 2.89 * p.decode_mfu), rel=1e-9, abs=1e-12)
-    assert c == pytest.approx(2 * 57344 / bw, rel=1e-9, abs=1e-15)
-    assert prefill == pytest.approx(2 * 2 * 7.62e9 / (148e12 * 2.89 * p.prefill_mfu), rel=1e-9, abs=1e-12)
-    assert capacity == pytest.approx(5_426_199 / 2, rel=0, abs=1)
-    assert seqs == 128
-    (_, b1, _), _, capacity1, seqs1 = engine_shape(cfg, p, 1)  # each server: 2 engines of 1 GPU
-    # TP 1: KV (96e9 x 0.85 - 15.24e9) / 57344 = 1,157,226 tokens per engine
-    assert b1 == pytest.approx(2 * 7.62e9 / (148e12 * p.decode_mfu) / 2, rel=1e-9, abs=1e-12)
-    assert capacity1 == pytest.approx(2 * 1_157_226, rel=0, abs=2)
-    assert seqs1 == 512
-
-
 def _scenario(seed: int, capacity: int, max_seqs: int, c: float):
     """60 groups of 8 arriving at random times, with version changes, interrupts and aborts."""
     import random
