@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,3 +191,15 @@ class Lockstep:
 
         optimizer.register_step_pre_hook(before)
         optimizer.register_step_post_hook(after)
+
+
+def assert_same_steps(lead: Lockstep, follow: Lockstep, terms_S: Sequence[int], lr: float) -> None:
+    """Each lockstep step (`terms_S[k]`: the terms summed into each gradient element at step k):
+    gradients within `sum_error` of the leader's (max|g| standing in for the terms' sum |x_i|),
+    weights within what AdamW makes of that error plus rounding (`adamw_weight_bound`)."""
+    assert len(lead.steps) == len(follow.steps) == len(terms_S), (len(lead.steps), len(follow.steps), len(terms_S))
+    for want, got, terms in zip(lead.steps, follow.steps, terms_S, strict=True):
+        error = sum_error(want.grad.dtype, terms, float(want.grad.abs().max()))
+        assert_within(got.grad, want.grad, error, f"step {want.step} gradients")
+        bound = adamw_weight_bound(want.weights, want.grad, error, lr, want.step, want.exp_avg, want.exp_avg_sq)
+        assert_within(got.weights, want.weights, bound, f"step {want.step} weights")

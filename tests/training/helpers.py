@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from asyncrl.training.actor import Actor
 from asyncrl.types import Group, PromptRow, Trajectory
 
 VOCAB = 32
@@ -55,3 +56,10 @@ def make_ragged_groups(seed: int = 0) -> list[Group]:
     """Three prompts of 2, 4 and 7 tokens x 4 long-tailed responses (1 to 14 tokens), so
     length-sorted micro-batches drop padding columns on both sides."""
     return groups_of_lengths([2, 4, 7], [[1, 2, 11, 3], [2, 1, 14, 2], [5, 1, 3, 2]], seed)
+
+
+def gradient_terms(actor: Actor, tokens: int) -> int:
+    """Terms the actor's loss sums into each gradient element over `tokens` response tokens: one
+    per token and loss (policy, plus KL and entropy when on), for `tests.tolerances.sum_error`."""
+    losses = 1 + bool(actor.cfg.use_kl_loss) + bool(actor.cfg.entropy_coeff)
+    return tokens * losses

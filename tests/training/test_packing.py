@@ -3,7 +3,8 @@ the padded path's log-probs, entropies, values, gradients and updates; micro-bat
 by real tokens; a model whose rows leak into each other is refused naming the key.
 
 Equalities run the tiny Llama in float64 (sdpa), so the tolerances are tight; rows of 1 to 60
-response tokens make the padded and packed layouts very different."""
+response tokens make the padded and packed layouts very different. Weights after optimizer steps
+are compared step by step from the same state, within tests/tolerances.py's AdamW bound."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from asyncrl.training.batch import (
     micro_batches,
     plan_micro_batches,
     row_spans,
+    split_rows,
 )
 from asyncrl.training.critic import Critic
 from asyncrl.training.lora import apply_lora
@@ -30,9 +32,11 @@ from asyncrl.training.memory import enable_gradient_checkpointing
 from asyncrl.training.packed_attention import NAME
 from asyncrl.training.packing import check_packing, pack, unpack
 from asyncrl.types import Group
-from tests.training.helpers import groups_of_lengths, make_ragged_groups, tiny_lm
+from tests.tolerances import Lockstep, assert_same_steps
+from tests.training.helpers import gradient_terms, groups_of_lengths, make_ragged_groups, tiny_lm
 
 TIGHT = dict(rtol=1e-10, atol=1e-12)  # float64
+LR = 1e-2
 
 
 def spread_groups(seed: int = 0) -> list[Group]:
@@ -103,7 +107,7 @@ def test_packed_gradients_equal_padded(groups):
 
 
 def make_actor(pack_rows: bool, budget: int, **cfg) -> Actor:
-    config = ActorConfig(ppo_micro_batch_tokens=budget, lr=1e-2, warmup_steps=0, grad_clip=1e9, entropy_coeff=0.01,
+    config = ActorConfig(ppo_micro_batch_tokens=budget, lr=LR, warmup_steps=0, grad_clip=1e9, entropy_coeff=0.01,
                          **cfg)
     return Actor(lm64(), config, temperature=0.8, norm_length=8, use_remove_padding=pack_rows)
 
@@ -119,14 +123,16 @@ def test_packed_train_step_equals_padded(mode, budget):
     batch.old_log_probs = make_actor(False, 10_000).compute_log_probs(batch) - 0.05 * batch.response_mask
     batch.ref_log_probs = batch.old_log_probs + 0.1 * batch.response_mask
     steps = []
-    for pack_rows in (False, True):
-        actor = make_actor(pack_rows, budget, loss_agg_mode=mode, use_kl_loss=True, kl_loss_coef=0.1)
+    lead = Lockstep()  # the packed run starts each step from the padded one's weights and AdamW state
+    for lock in (lead, Lockstep(leader=lead)):
+        actor = make_actor(lock is not lead, budget, loss_agg_mode=mode, use_kl_loss=True, kl_loss_coef=0.1)
+        lock.attach(actor.model, actor.optimizer)
         metrics = actor.train_step(batch, num_mini_batches=2)
-        steps.append((dict(actor.model.named_parameters()), metrics))
-    (padded, padded_metrics), (packed, packed_metrics) = steps
+        steps.append((dict(actor.model.named_parameters()), metrics, lock))
+    (padded, padded_metrics, _), (_, packed_metrics, follow) = steps
     assert padded["model.norm.weight"].ne(1).any() and padded_metrics["actor/pg_clipfrac"] > 0  # it trained, clipped
-    for name, weight in padded.items():
-        torch.testing.assert_close(packed[name], weight, rtol=1e-9, atol=1e-11, msg=name)
+    tokens = [int(batch.response_mask[rows].sum()) for rows in split_rows(batch.size, 2)]
+    assert_same_steps(lead, follow, [gradient_terms(actor, n) for n in tokens], LR)  # float64 sums
     assert sorted(packed_metrics) == sorted(padded_metrics)
     for key, value in padded_metrics.items():
         if key not in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"):
@@ -137,14 +143,14 @@ def test_packed_lora_and_checkpointed_steps_equal_padded():
     """Packed rows through peft's LoRA wrapper, and through checkpointed layers (the backward
     recomputes each layer with the rows' boundaries)."""
     batch = train_batch(spread_groups())
-    cfg = ActorConfig(ppo_micro_batch_tokens=80, lr=1e-2, warmup_steps=0, grad_clip=1e9)
+    cfg = ActorConfig(ppo_micro_batch_tokens=80, lr=LR, warmup_steps=0, grad_clip=1e9)
     for prepare in (lambda m: apply_lora(m, 4, 8, ("q_proj", "v_proj")), prepared_for_checkpointing):
-        weights = []
-        for pack_rows in (False, True):
-            actor = Actor(prepare(lm64()), cfg, temperature=1.0, norm_length=8, use_remove_padding=pack_rows)
+        lead = Lockstep()
+        for lock in (lead, Lockstep(leader=lead)):
+            actor = Actor(prepare(lm64()), cfg, temperature=1.0, norm_length=8, use_remove_padding=lock is not lead)
+            lock.attach(actor.model, actor.optimizer)
             actor.train_step(batch, num_mini_batches=1)
-            weights.append(torch.cat([p.detach().flatten() for p in actor.model.parameters()]))
-        torch.testing.assert_close(weights[1], weights[0], rtol=1e-9, atol=1e-11)
+        assert_same_steps(lead, lock, [gradient_terms(actor, int(batch.response_mask.sum()))], LR)
 
 
 def prepared_for_checkpointing(model: nn.Module) -> nn.Module:
@@ -163,14 +169,14 @@ def test_packed_old_and_ref_log_probs_equal_padded():
 
 def test_packed_stream_update_equals_padded():
     batch = train_batch(spread_groups())
-    weights = []
-    for pack_rows in (False, True):
-        actor = make_actor(pack_rows, 60)
+    lead = Lockstep()
+    for lock in (lead, Lockstep(leader=lead)):
+        actor = make_actor(lock is not lead, 60)
+        lock.attach(actor.model, actor.optimizer)
         for rows in ([0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11]):
             actor.accumulate(batch.select(rows))
         actor.apply_update()
-        weights.append(torch.cat([p.detach().flatten() for p in actor.model.parameters()]))
-    torch.testing.assert_close(weights[1], weights[0], rtol=1e-9, atol=1e-11)
+    assert_same_steps(lead, lock, [gradient_terms(actor, int(batch.response_mask.sum()))], LR)
 
 
 def test_packed_critic_values_and_update_equal_padded():
