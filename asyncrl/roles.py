@@ -32,7 +32,7 @@ from asyncrl.types import EngineStats, GenerationRequest, Group, Mode, PromptRow
 if TYPE_CHECKING:
     import torch
 
-    from asyncrl.sync.tensors import NamedTensors, WeightMeta
+    from asyncrl.types import NamedTensors, WeightMeta
 
 PauseMode = Literal["abort", "keep"]
 """What a pause does to requests in flight: "abort" stops them and hands back their partial

@@ -2,14 +2,24 @@
 
 These are plain dataclasses of Python lists and scalars (no tensors): cheap to pickle across Ray,
 easy to assert on in tests. Padded tensors (`TrainBatch`) are built on the trainer side only.
-This module imports nothing from the rest of the package.
+Besides them, the two names for weights that the roles, weight sync and engines share
+(`WeightMeta`, `NamedTensors`; torch is imported for type checking only). This module imports
+nothing from the rest of the package.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
+
+if TYPE_CHECKING:
+    import torch
+
+WeightMeta = tuple[str, tuple[int, ...], str]
+"""(name, shape, dtype name such as "float32" or "bfloat16") of one exported weight tensor."""
+NamedTensors: TypeAlias = "Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]"
+"""Weight tensors by name: a dict or (name, tensor) pairs (what `load_weights` takes)."""
 
 FinishReason = Literal["stop", "length", "aborted"]
 Mode = Literal["train", "val", "greedy"]

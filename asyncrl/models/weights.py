@@ -3,14 +3,13 @@ and engine uses. Tied aliases (e.g. `lm_head.weight` for tied embeddings) are ac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from asyncrl.errors import SyncError
-
-NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+from asyncrl.types import NamedTensors
 
 
 def load_into(model: nn.Module, named_tensors: NamedTensors) -> int:

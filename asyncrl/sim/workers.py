@@ -30,9 +30,8 @@ from asyncrl.sim.engine import EngineModel, Finished, GroupSpec, Runs, SimEngine
 from asyncrl.sim.profile import Profile
 from asyncrl.sim.topology import engine_shape, kv_capacity
 from asyncrl.sim.workload import Workload
-from asyncrl.sync.tensors import WeightMeta
 from asyncrl.telemetry.metrics import timer
-from asyncrl.types import FinishReason, Group, Mode, PromptRow, RunLength, Trajectory
+from asyncrl.types import FinishReason, Group, Mode, PromptRow, RunLength, Trajectory, WeightMeta
 
 
 class SimRolloutServer:

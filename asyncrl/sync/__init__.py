@@ -1,11 +1,20 @@
 """Weight sync from the trainer to the rollout engines: synchronizer, transports, both halves.
 
 `ParameterSynchronizer(trainer, rollouts, transport)` drives a sync through worker handles;
-`TrainerWeights` / `RolloutWeights` (or the functions they use: `export_named`, `checksum`,
-`send_weights`, `recv_weights`, `load_into`) are what the worker objects call on their side.
+`TrainerWeights` / `RolloutWeights` (or the functions they use: `send_weights`, `recv_weights`,
+and from `asyncrl.models` `export_named`, `checksum`, `load_into`) are what the worker objects
+call on their side.
 Importing this package does not import Ray.
 """
 
+from asyncrl.models.tensors import (
+                                  as_pairs,
+                                  checksum,
+                                  export_named,
+                                  first_difference,
+                                  meta_nbytes,
+                                  weight_meta,
+)
 from asyncrl.models.weights import load_into
 from asyncrl.sync.buckets import (
                                   DEFAULT_BUCKET_MB,
@@ -18,20 +27,11 @@ from asyncrl.sync.buckets import (
 from asyncrl.sync.collective import Collective, destroy_collective, get_collective, init_collective
 from asyncrl.sync.endpoints import RolloutWeights, TrainerWeights
 from asyncrl.sync.synchronizer import ParameterSynchronizer
-from asyncrl.sync.tensors import (
-                                  WeightMeta,
-                                  as_pairs,
-                                  checksum,
-                                  export_named,
-                                  first_difference,
-                                  meta_nbytes,
-                                  weight_meta,
-)
 from asyncrl.sync.transports import TRANSPORTS, default_transport, make_transport
 
 __all__ = [
     "DEFAULT_BUCKET_MB", "TRANSPORTS", "BroadcastReceiver", "BroadcastSender", "Collective",
-    "ParameterSynchronizer", "RolloutWeights", "TrainerWeights", "WeightMeta", "as_pairs",
+    "ParameterSynchronizer", "RolloutWeights", "TrainerWeights", "as_pairs",
     "checksum", "default_transport", "destroy_collective", "export_named", "first_difference",
     "get_collective", "init_collective", "load_into", "make_transport", "meta_nbytes",
     "plan_buckets", "recv_weights", "send_weights", "weight_meta",

@@ -23,9 +23,10 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.errors import SyncError
+from asyncrl.models.tensors import to_dtype, weight_meta
 from asyncrl.sync.collective import Collective, broadcast, get_collective, same_on_all_ranks
 from asyncrl.sync.shared import recv_shared, send_shared, shared_channel
-from asyncrl.sync.tensors import WeightMeta, to_dtype, weight_meta
+from asyncrl.types import WeightMeta
 
 DEFAULT_BUCKET_MB = 64.0
 

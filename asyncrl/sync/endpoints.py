@@ -16,10 +16,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from asyncrl.models.tensors import checksum, export_named, weight_meta
 from asyncrl.models.weights import load_into
 from asyncrl.roles import PauseMode
 from asyncrl.sync.buckets import DEFAULT_BUCKET_MB, recv_weights, send_weights
-from asyncrl.sync.tensors import NamedTensors, WeightMeta, checksum, export_named, weight_meta
+from asyncrl.types import NamedTensors, WeightMeta
 
 
 class TrainerWeights:

@@ -30,7 +30,8 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 
 from asyncrl.errors import SyncError
-from asyncrl.sync.tensors import WeightMeta, to_dtype
+from asyncrl.models.tensors import to_dtype
+from asyncrl.types import WeightMeta
 
 
 @dataclass

@@ -24,10 +24,11 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from asyncrl.errors import SyncError
+from asyncrl.models.tensors import first_difference, meta_nbytes
 from asyncrl.roles import PauseMode, WeightSink, WeightSource
-from asyncrl.sync.tensors import WeightMeta, first_difference, meta_nbytes
 from asyncrl.sync.transports import Transport
 from asyncrl.telemetry import clock
+from asyncrl.types import WeightMeta
 
 
 class ParameterSynchronizer:

@@ -30,7 +30,7 @@ from asyncrl.roles import WeightSink, WeightSource
 from asyncrl.sync.buckets import DEFAULT_BUCKET_MB
 from asyncrl.sync.collective import DEFAULT_TIMEOUT_S, cuda_available, destroy_collective, free_port, init_collective
 from asyncrl.sync.shared import attach_shared, close_shared, open_shared, shared_handles
-from asyncrl.sync.tensors import WeightMeta
+from asyncrl.types import WeightMeta
 
 TRANSPORTS = ("inprocess", "object_store", "broadcast", "ipc")
 

@@ -58,7 +58,7 @@ from asyncrl.algorithms.kl import kl_penalty
 from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logits
 from asyncrl.algorithms.policy_loss import _FORCED_AGG_MODE, compute_policy_loss
 from asyncrl.config.schema import ActorConfig
-from asyncrl.sync.tensors import export_named
+from asyncrl.models.tensors import export_named
 from asyncrl.training import fsdp, packing
 from asyncrl.training.batch import TrainBatch, map_micro_batches, mean_over_mini_batches, micro_batches
 from asyncrl.training.lora import is_lora, load_lora, merged_named, save_lora

@@ -16,10 +16,9 @@ import dataclasses
 from collections.abc import Sequence
 
 from asyncrl.roles import Engine, PauseMode
-from asyncrl.sync import WeightMeta, as_pairs, recv_weights
-from asyncrl.sync.tensors import NamedTensors
+from asyncrl.sync import as_pairs, recv_weights
 from asyncrl.telemetry import clock
-from asyncrl.types import GenerationRequest, Group, Mode, PromptRow, Trajectory
+from asyncrl.types import GenerationRequest, Group, Mode, NamedTensors, PromptRow, Trajectory, WeightMeta
 from asyncrl.workers.reward import RewardWorker
 from asyncrl.workers.rollout import RequestBuilder
 

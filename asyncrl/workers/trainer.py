@@ -38,13 +38,13 @@ from asyncrl.algorithms.off_policy import truncated_is_weights
 from asyncrl.config.schema import AlgorithmConfig
 from asyncrl.scheduling.batching import num_mini_batches
 from asyncrl.scheduling.old_log_probs import PASS_SOURCES, OldLogProbSource
-from asyncrl.sync import TrainerWeights, WeightMeta
+from asyncrl.sync import TrainerWeights
 from asyncrl.telemetry.metrics import masked_stats, timer
 from asyncrl.telemetry.perf import ModelShape, actor_mfu, cuda_name, memory_metrics
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.batch import TrainBatch, build_batch
 from asyncrl.training.critic import Critic
-from asyncrl.types import Group
+from asyncrl.types import Group, WeightMeta
 from asyncrl.workers.handles import blocking
 
 

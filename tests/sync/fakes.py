@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from asyncrl.roles import PauseMode
-from asyncrl.sync import RolloutWeights, TrainerWeights, WeightMeta
-from asyncrl.sync.tensors import NamedTensors
+from asyncrl.sync import RolloutWeights, TrainerWeights
+from asyncrl.types import NamedTensors, WeightMeta
 
 
 class TiedLM(nn.Module):

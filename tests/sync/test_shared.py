@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from asyncrl.errors import ConfigError, SyncError
+from asyncrl.models.tensors import weight_meta
 from asyncrl.sync import ParameterSynchronizer, make_transport
 from asyncrl.sync.shared import (
     attach_shared,
@@ -19,7 +20,6 @@ from asyncrl.sync.shared import (
     shared_channel,
     shared_handles,
 )
-from asyncrl.sync.tensors import weight_meta
 from asyncrl.workers.handles import Proxy
 from asyncrl.workers.process_host import ProcessHandle
 from tests.workers.probes import Probe, SmallModel, TrainerProbe, rollout_probe

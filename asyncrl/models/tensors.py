@@ -4,7 +4,8 @@ Both halves of a weight sync use these, so the trainer and the rollout side name
 hash tensors identically. Tied weights are exported once, under their first name
 (`model.named_parameters()` order); a loader accepts the alias names too.
 
-Not here: moving tensors between processes (see the transports) or loading them into an engine.
+Not here: moving tensors between processes (`asyncrl.sync`) or loading them into a model
+(`weights.load_into`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-WeightMeta = tuple[str, tuple[int, ...], str]
-"""(name, shape, dtype name such as "float32" or "bfloat16") of one exported tensor."""
-
-NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+from asyncrl.types import NamedTensors, WeightMeta
 
 
 def export_named(model: nn.Module) -> dict[str, torch.Tensor]:
