@@ -221,13 +221,13 @@ def batch_source(ctx: RunContext) -> BatchSource:
     """The run's batch source. The colocated pipeline scores in a reward phase after generation
     unless the reward scheduler or the stream trainer scores on the rollout side; one-step-off
     always scores on the rollout side, as each group finishes, while its trainer trains."""
-    cfg = ctx.cfg
+    cfg, prompts = ctx.cfg, ctx.plan.prompts_per_update
     colocated = cfg.pipeline == "colocated"
-    making = Making(n=cfg.rollout.n, batch_size=cfg.data.train_batch_size, filter_groups=cfg.algorithm.filter_groups,
+    making = Making(n=cfg.rollout.n, batch_size=prompts, filter_groups=cfg.algorithm.filter_groups,
                     reward_phase=colocated and not (cfg.reward_scheduler.enable or cfg.stream_trainer.enable),
                     greedy_baselines=cfg.algorithm.adv_estimator == "remax",
                     numbered_rounds=colocated or cfg.algorithm.filter_groups.enable)
     t = cfg.tail_batching
-    rounds = TailBatcher[PromptRow](cfg.data.train_batch_size, cfg.rollout.n, t.prompt_speculation,
-                                    t.response_speculation) if t.enable else None
+    rounds = TailBatcher[PromptRow](prompts, cfg.rollout.n, t.prompt_speculation, t.response_speculation) \
+        if t.enable else None
     return BatchSource(ctx.prompts, ctx.rollout, making, rounds, Planner.from_config(cfg, ctx.log))

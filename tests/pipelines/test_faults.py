@@ -163,6 +163,24 @@ def test_one_step_off_stopped_mid_generation_loses_and_doubles_nothing(uninterru
     assert ledger(tmp_path) == uninterrupted["one_step_off"][1]
 
 
+def test_one_step_off_with_dynamic_sampling_resumes_exactly_with_the_prompts_its_held_batch_consumed(
+        tiny_cache, tmp_path):
+    """The checkpoint holds batch 3 and the prompts of the groups dynamic sampling dropped for it:
+    recorded as consumed when batch 3 trains, never generated again."""
+    overrides = [*ONE_STEP_OFF, "algorithm.filter_groups.enable=true"]
+    full_metrics = run_pipeline(tmp_path / "full", *overrides)
+    interrupt(tmp_path / "crashed", overrides, "update", 4, crash=True)
+    state = load_checkpoint_state(latest_checkpoint(tmp_path / "crashed"))
+    held = [g.row.uid for g in state["pipeline"]["batch"]] + [r.uid for r in state["pipeline"]["batch_consumed"]]
+    assert state["step"] == 2 and len(state["pipeline"]["batch_consumed"]) > 0
+    assert sorted(state["prompts"]["outstanding"]) == sorted(held)
+    resumed = run_pipeline(tmp_path / "crashed", *overrides)
+    assert ledger(tmp_path / "crashed") == ledger(tmp_path / "full")
+    assert_same_metrics(resumed, full_metrics, after=2)
+    step3 = [r for r in resumed if r["step"] == 3][0]
+    assert step3["train/num_gen_batches"] == [r for r in full_metrics if r["step"] == 3][0]["train/num_gen_batches"]
+
+
 def assert_each_prompt_once(out: Path, total: int) -> None:
     prompts = Counter(p for _, p in ledger(out))
     assert sum(prompts.values()) == total and max(prompts.values()) == 1, prompts.most_common(3)

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.pipelines import colocated
+from asyncrl.pipelines.batch_source import batch_source
 from asyncrl.pipelines.planning import Planner
 from asyncrl.scheduling.tp_planner import TPPlanner
 from asyncrl.sim.profile import load_profile, save_profile
@@ -119,18 +119,14 @@ def test_cpu_engine_preemptions_reach_the_planner(tiny_cache, tmp_path):
     ctx = make_context(tmp_path, "tp_planner.enable=true", "rollout.kv_budget_tokens=96", "data.train_batch_size=8",
                        "actor.ppo_mini_batch_size=4", "rollout.n=4", "rollout.ignore_eos=true")
     logs: list[str] = []
-    planner = Planner.from_config(ctx.cfg, logs.append)
-    assert planner is not None
+    ctx.log = logs.append
 
-    async def one_step() -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        await colocated.generate_batch(ctx, 1, metrics)
-        metrics |= await ctx.rollout.stats()
-        await planner.after_step(ctx.rollout, metrics)
-        return metrics
+    async def one_batch() -> dict[str, float]:
+        batch = await batch_source(ctx).next(1)  # the planner plans after each batch
+        return batch.metrics | await ctx.rollout.stats()
 
     try:
-        metrics = asyncio.run(one_step())
+        metrics = asyncio.run(one_batch())
     finally:
         ctx.close()
     assert metrics["rollouter/preemptions"] > 0
