@@ -47,7 +47,9 @@ def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
 def train(args: list[str]) -> int:
     path, overrides = _split_args(args)
     cfg = load_config(path, overrides)
-    preflight(cfg, logger.warning)
+    from asyncrl.pipelines.rundir import RUNS_ROOT
+
+    preflight(cfg, logger.warning, RUNS_ROOT)  # before the imports below load torch
     from asyncrl.pipelines import run_pipeline
     from asyncrl.pipelines.setup import build_context
     from asyncrl.pipelines.stopping import Stopped

@@ -1,11 +1,12 @@
 """Checks that `asyncrl train` runs right after the config loads, before any model, Ray or worker.
 
-`preflight(cfg, log)` takes about a second and turns the mistakes that used to surface minutes
+`preflight(cfg, log, runs_root)` takes about a second and turns the mistakes that used to surface minutes
 into a run, as tracebacks, into one `ConfigError`/`DataError` line naming the key that fixes it:
 
 - `trainer.device=cuda` has a CUDA device to run on;
-- the output directory (`trainer.output_dir`, or `outputs/` where run directories are made when it
-  is empty) can be created and written, and its disk is not full (a warning under 1 GiB free);
+- the output directory (`trainer.output_dir`, or `runs_root` where run directories are made when
+  it is empty: the caller's `asyncrl.pipelines.rundir.RUNS_ROOT`) can be created and written, and
+  its disk is not full (a warning under 1 GiB free);
 - every `data.train_files`/`data.val_files` exists, has a supported suffix and only well-formed
   rows (the loader's own checks, `asyncrl.data.dataset.load_rows`);
 - `model.path` is a built-in model or a directory with a config, weights and a tokenizer;
@@ -33,7 +34,6 @@ from asyncrl.config.schema import Config, DataConfig, RewardConfig
 from asyncrl.data.dataset import SUPPORTED_SUFFIXES, check_prompt_lengths, load_rows
 from asyncrl.errors import ConfigError
 from asyncrl.models.loading import check_model_path, local_tokenizer_dir
-from asyncrl.pipelines.rundir import RUNS_ROOT
 from asyncrl.rewards import check_signature
 from asyncrl.rewards.registry import load_custom_function, resolve_reward_fn
 from asyncrl.types import PromptRow
@@ -54,9 +54,10 @@ class DataFile(NamedTuple):
     rows: list[PromptRow]
 
 
-def preflight(cfg: Config, log: Log) -> None:
-    """Raise the first problem found as one line naming its key; log warnings."""
-    check_output_dir(cfg.trainer.output_dir, log)
+def preflight(cfg: Config, log: Log, runs_root: Path) -> None:
+    """Raise the first problem found as one line naming its key; log warnings. `runs_root`: where
+    run directories are made when `trainer.output_dir` is empty."""
+    check_output_dir(cfg.trainer.output_dir, runs_root, log)
     check_device(cfg.trainer.device)
     check_model_path(cfg.model.path)
     files = check_data_files(cfg.data)
@@ -74,10 +75,11 @@ def check_device(device: str) -> None:
                           "set trainer.device=cpu, or run where a GPU and a CUDA build of torch are")
 
 
-def check_output_dir(output_dir: str, log: Log) -> None:
-    """The output directory (or the nearest part of it that exists) is a writable directory with space."""
-    target = Path(output_dir) if output_dir else RUNS_ROOT
-    key = f"trainer.output_dir={output_dir!r}" + ("" if output_dir else f" (runs go under {RUNS_ROOT}/)")
+def check_output_dir(output_dir: str, runs_root: Path, log: Log) -> None:
+    """The output directory (`runs_root` when empty; or the nearest part of it that exists) is a
+    writable directory with space."""
+    target = Path(output_dir) if output_dir else runs_root
+    key = f"trainer.output_dir={output_dir!r}" + ("" if output_dir else f" (runs go under {runs_root}/)")
     fix = "set trainer.output_dir to a writable directory"
     existing = target.absolute()
     while not existing.exists():

@@ -16,6 +16,7 @@ from asyncrl import preflight as P
 from asyncrl.config import load_config
 from asyncrl.data.dataset import load_rows
 from asyncrl.errors import ConfigError, DataError
+from asyncrl.pipelines.rundir import RUNS_ROOT
 
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}" \
            "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -52,7 +53,7 @@ def write_jsonl(path: Path, prompts: list[str], data_source: str = "arithmetic")
 
 def run(overrides: list[str]) -> list[str]:
     lines: list[str] = []
-    P.preflight(load_config(None, overrides), lines.append)
+    P.preflight(load_config(None, overrides), lines.append, RUNS_ROOT)
     return lines
 
 
@@ -215,4 +216,4 @@ def test_unknown_data_source_in_the_data(tmp_path: Path) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
 def test_cuda_without_a_gpu_names_the_key() -> None:
     with pytest.raises(ConfigError, match=r"^trainer.device=cuda but torch sees no CUDA device"):
-        P.preflight(load_config(None, ["trainer.device=cuda"]), print)
+        P.preflight(load_config(None, ["trainer.device=cuda"]), print, RUNS_ROOT)
