@@ -29,7 +29,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from asyncrl.compute import compute_thread, pin_threads
-from asyncrl.rollout import TorchEngine, run_sync
+from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
 from asyncrl.types import GenerationRequest, SamplingParams
 
 MODELS: dict[str, dict[str, int | bool]] = {
@@ -85,8 +85,8 @@ class ForeignLoad:
 def run_engine(model: LlamaForCausalLM, reqs: list[GenerationRequest], max_num_seqs: int,
                compute: ThreadPoolExecutor) -> float:
     budget = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs) * max_num_seqs
-    engine = TorchEngine(model, eos_token_id=0, max_num_seqs=max_num_seqs,
-                         kv_budget_tokens=budget, seed=0, executor=compute)
+    engine = TorchEngine(model, 0, EngineSettings(max_num_seqs=max_num_seqs, kv_budget_tokens=budget, seed=0),
+                         executor=compute)
     t0 = time.perf_counter()
     outs = run_sync(engine, reqs)
     elapsed = time.perf_counter() - t0

@@ -23,7 +23,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from asyncrl.rollout import TorchEngine, run_sync
-from asyncrl.rollout.generic import ForwardChoice
+from asyncrl.rollout.settings import EngineSettings, ForwardChoice
 from asyncrl.types import GenerationRequest, SamplingParams
 
 HIDDEN, LAYERS, HEADS, VOCAB = 128, 4, 4, 128  # the built-in tiny model's size
@@ -50,7 +50,7 @@ def tokens_per_s(model: torch.nn.Module, forward: ForwardChoice, reqs: list[Gene
                  repeats: int) -> float:
     best = 0.0
     for _ in range(repeats):
-        engine = TorchEngine(model, eos_token_id=0, max_num_seqs=len(reqs), seed=0, forward=forward)
+        engine = TorchEngine(model, 0, EngineSettings(max_num_seqs=len(reqs), seed=0, forward=forward))
         start = time.perf_counter()
         outs = run_sync(engine, reqs)
         best = max(best, sum(len(o.response_ids) for o in outs) / (time.perf_counter() - start))

@@ -53,7 +53,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's asyncrl, without PYTHONPATH
 
 from asyncrl.compute import compute_thread, pin_threads  # noqa: E402
-from asyncrl.rollout import TorchEngine, run_sync  # noqa: E402
+from asyncrl.rollout import EngineSettings, TorchEngine, run_sync  # noqa: E402
 from asyncrl.rollout.forward import BatchedForward  # noqa: E402
 from asyncrl.types import GenerationRequest, SamplingParams  # noqa: E402
 from bench.engine import left_padded  # noqa: E402
@@ -149,9 +149,9 @@ def run_engine(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: in
                runs: int, compute: Executor) -> dict[str, Any]:
     """Every request at once, `runs` times on one engine; the first run captures the graphs."""
     max_model_len = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs)
-    engine = TorchEngine(model, eos_token_id=0, max_num_seqs=batch, kv_budget_tokens=max_model_len * batch,
-                         max_model_len=max_model_len, device=device, seed=0, executor=compute,
-                         static_decode=True)
+    settings = EngineSettings(max_num_seqs=batch, kv_budget_tokens=max_model_len * batch, max_model_len=max_model_len,
+                              device=str(device), seed=0, static_decode=True)
+    engine = TorchEngine(model, 0, settings, executor=compute)
     graphs = engine._runner.graphs
     assert graphs is not None, "the static path needs the fast forward"
     useful = sum(r.params.max_tokens for r in reqs)

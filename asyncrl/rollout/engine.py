@@ -53,13 +53,14 @@ import torch
 from torch import nn
 
 from asyncrl.compute import compute_thread
-from asyncrl.errors import ConfigError, RolloutError
+from asyncrl.errors import RolloutError
 from asyncrl.models.tensors import checksum, export_named
 from asyncrl.roles import PauseMode
-from asyncrl.rollout.generic import ForwardChoice, describe
+from asyncrl.rollout.generic import describe
 from asyncrl.rollout.runner import StepRunner
 from asyncrl.rollout.scheduler import Scheduler, StepPlan, StepResult
 from asyncrl.rollout.sequence import Sequence
+from asyncrl.rollout.settings import EngineSettings
 from asyncrl.types import EngineStats, GenerationRequest, Trajectory
 
 _RATE_WINDOW_S = 10.0
@@ -69,55 +70,23 @@ logger = logging.getLogger("asyncrl.rollout")
 class TorchEngine:
     """Continuous-batching generation over a HF causal LM, with async abort/pause/weight load."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        eos_token_id: int | list[int],
-        kv_budget_tokens: int = 32768,
-        max_num_seqs: int = 64,
-        version: int = 0,
-        device: torch.device | str = "cpu",
-        max_prefill_tokens: int = 4096,
-        num_threads: int | None = None,
-        executor: Executor | None = None,
-        seed: int | None = None,
-        forward: ForwardChoice = "auto",
-        static_decode: bool | None = None,
-        max_model_len: int | None = None,
-        gpu_memory_utilization: float = 0.5,
-    ) -> None:
-        max_model_len = kv_budget_tokens if max_model_len is None else min(max_model_len, kv_budget_tokens)
-        for key, value in (("kv_budget_tokens", kv_budget_tokens), ("max_num_seqs", max_num_seqs),
-                           ("max_prefill_tokens", max_prefill_tokens), ("max_model_len", max_model_len)):
-            if value < 1:
-                raise ConfigError(f"{key} must be >= 1, got {value}")
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ConfigError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
+    def __init__(self, model: nn.Module, eos_token_id: int | list[int], settings: EngineSettings = EngineSettings(),
+                 *, version: int = 0, executor: Executor | None = None) -> None:
+        """`version`: the weight version of `model` (tokens carry it until `load_weights`);
+        `executor`: a compute thread to run steps on (shared with other torch work), else its own."""
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self._eos_ids = tuple(int(t) for t in eos)
-        if static_decode is None:  # CUDA graphs where they pay: on GPUs
-            static_decode = torch.device(device).type == "cuda"
         self._runner = StepRunner(
-            model, max_num_seqs=max_num_seqs, device=device, version=version, seed=seed,
-            forward=forward, static_decode=static_decode, max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization, max_prefill_tokens=max_prefill_tokens,
+            model, max_num_seqs=settings.max_num_seqs, device=settings.device, version=version, seed=settings.seed,
+            forward=settings.forward, static_decode=settings.decode_graphs, max_model_len=settings.model_len,
+            gpu_memory_utilization=settings.gpu_memory_utilization, max_prefill_tokens=settings.max_prefill_tokens,
         )
         self._vocab_size = self._runner.forward.vocab_size
-        if self._runner.fast_path_problem is not None:
-            model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-            logger.warning("TorchEngine: model_type %r runs on the %s", model_type,
-                           describe(self._runner.forward, self._runner.fast_path_problem))
-        kv = self._runner.kv_plan
-        if kv is not None and kv.slots < max_num_seqs:
-            logger.warning("TorchEngine: the KV cache holds %d sequences of %d tokens (%.2f GiB of %.2f "
-                           "available), fewer than max_num_seqs=%d; raise rollout.gpu_memory_utilization "
-                           "to run more at once", kv.slots, kv.capacity, kv.kv_bytes / 2**30,
-                           kv.available_bytes / 2**30, max_num_seqs)
-        self._scheduler = Scheduler(self._runner.max_num_seqs, kv_budget_tokens, max_prefill_tokens)
-        self._kv_budget = kv_budget_tokens
-        self._max_model_len = max_model_len
-        self._num_threads = num_threads
+        self._log_limits(model, settings.max_num_seqs)
+        self._scheduler = Scheduler(self._runner.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens)
+        self._kv_budget = settings.kv_budget_tokens
+        self._max_model_len = settings.model_len
+        self._num_threads = settings.num_threads
         self._seqs: dict[str, Sequence] = {}
         self._futures: dict[str, asyncio.Future[Trajectory]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -131,6 +100,20 @@ class TorchEngine:
         self._closed = False
         self._generated_tokens = 0
         self._rate: deque[tuple[float, int]] = deque()
+
+    def _log_limits(self, model: nn.Module, max_num_seqs: int) -> None:
+        """Warn once at start about the generic forward path, or a KV cache too small for
+        `max_num_seqs` sequences."""
+        if self._runner.fast_path_problem is not None:
+            model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+            logger.warning("TorchEngine: model_type %r runs on the %s", model_type,
+                           describe(self._runner.forward, self._runner.fast_path_problem))
+        kv = self._runner.kv_plan
+        if kv is not None and kv.slots < max_num_seqs:
+            logger.warning("TorchEngine: the KV cache holds %d sequences of %d tokens (%.2f GiB of %.2f "
+                           "available), fewer than max_num_seqs=%d; raise rollout.gpu_memory_utilization "
+                           "to run more at once", kv.slots, kv.capacity, kv.kv_bytes / 2**30,
+                           kv.available_bytes / 2**30, max_num_seqs)
 
     # ---- public API ----
 

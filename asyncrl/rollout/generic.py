@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -32,9 +32,9 @@ from transformers.cache_utils import DynamicLayer
 from asyncrl.errors import RolloutError
 from asyncrl.rollout.forward import LENGTH_DEPENDENT_ROPE, BatchedForward, fast_path_problem
 from asyncrl.rollout.kv_cache import SlotKVCache
+from asyncrl.rollout.settings import ForwardChoice
 
 logger = logging.getLogger("asyncrl.rollout")
-ForwardChoice = Literal["auto", "generic"]
 
 
 class StepCache(Protocol):

@@ -16,29 +16,35 @@ from torch import nn
 from asyncrl.config import names
 from asyncrl.config.schema import RolloutConfig
 from asyncrl.roles import Engine
+from asyncrl.rollout.settings import EngineSettings
 
-EngineBuilder = Callable[[nn.Module, Sequence[int], RolloutConfig, str, int, Executor | None, int | None], Engine]
-"""(model, eos token ids, rollout config, device, seed, compute thread or None, longest sequence
-(prompt + response tokens) or None = rollout.kv_budget_tokens) -> engine. An engine that runs
-torch in this process runs it on the compute thread when one is given (`asyncrl.compute`)."""
+EngineBuilder = Callable[[nn.Module, Sequence[int], EngineSettings, Executor | None], Engine]
+"""(model, eos token ids, settings, compute thread or None) -> engine. An engine that runs torch
+in this process runs it on the compute thread when one is given (`asyncrl.compute`)."""
 
 
-def _torch(model: nn.Module, eos_ids: Sequence[int], cfg: RolloutConfig, device: str, seed: int,
-           compute: Executor | None, max_model_len: int | None) -> Engine:
+def _torch(model: nn.Module, eos_ids: Sequence[int], settings: EngineSettings, compute: Executor | None) -> Engine:
     from asyncrl.rollout.engine import TorchEngine
 
-    return TorchEngine(model, eos_token_id=list(eos_ids), kv_budget_tokens=cfg.kv_budget_tokens,
-                       max_num_seqs=cfg.max_num_seqs, device=device, seed=seed, executor=compute,
-                       static_decode=cfg.cuda_graphs and torch.device(device).type == "cuda",
-                       max_model_len=max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization)
+    return TorchEngine(model, list(eos_ids), settings, executor=compute)
 
 
 ENGINES: dict[str, EngineBuilder] = {"torch": _torch}
 assert tuple(ENGINES) == names.ENGINES, "register the engine's name in asyncrl.config.names.ENGINES"
 
 
+def engine_settings(cfg: RolloutConfig, *, device: str, seed: int, max_model_len: int | None = None) -> EngineSettings:
+    """The `rollout.*` keys an engine runs by, checked (`EngineSettings` raises `ConfigError` on a
+    value out of range). `max_model_len`: the longest prompt + response it will be asked for
+    (sizes a GPU's cache); None: rollout.kv_budget_tokens."""
+    return EngineSettings(kv_budget_tokens=cfg.kv_budget_tokens, max_num_seqs=cfg.max_num_seqs, device=device,
+                          seed=seed, static_decode=cfg.cuda_graphs and torch.device(device).type == "cuda",
+                          max_model_len=max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization)
+
+
 def build_engine(cfg: RolloutConfig, model: nn.Module, eos_ids: Sequence[int], *, device: str,
                  seed: int, compute: Executor | None = None, max_model_len: int | None = None) -> Engine:
-    """The engine `rollout.engine` names (the config has already checked the name).
-    `max_model_len`: the longest prompt + response it will be asked for (sizes a GPU's cache)."""
-    return ENGINES[cfg.engine](model, eos_ids, cfg, device, seed, compute, max_model_len)
+    """The engine `rollout.engine` names (the config has already checked the name), with the
+    settings `engine_settings` reads from `cfg`."""
+    settings = engine_settings(cfg, device=device, seed=seed, max_model_len=max_model_len)
+    return ENGINES[cfg.engine](model, eos_ids, settings, compute)

@@ -21,12 +21,13 @@ from torch import nn
 from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
 from asyncrl.rollout.forward import BatchedForward
-from asyncrl.rollout.generic import ForwardChoice, StepCache, StepForward, build_forward
+from asyncrl.rollout.generic import StepCache, StepForward, build_forward
 from asyncrl.rollout.graphs import BucketedDecode
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.memory import KVPlan, ModelShape, activation_reserve_bytes, device_memory, plan_kv_cache
 from asyncrl.rollout.sampler import SamplingBatch, sample
 from asyncrl.rollout.scheduler import StepPlan, StepResult
+from asyncrl.rollout.settings import ForwardChoice
 from asyncrl.rollout.transfer import to_device
 
 

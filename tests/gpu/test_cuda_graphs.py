@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from asyncrl.rollout import TorchEngine, run_sync
+from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
 from tests.rollout.rollout_testlib import EOS, prompt, request, staggered_requests, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -29,8 +29,8 @@ def long_requests() -> list:
 def test_graph_replays_equal_eager_decoding_and_are_captured_once_per_bucket():
     model = on_gpu()
     reqs = staggered_requests(7)
-    eager = run_sync(TorchEngine(model, eos_token_id=EOS, device="cuda", static_decode=False), reqs)
-    eng = TorchEngine(model, eos_token_id=EOS, device="cuda")  # graphs by default on CUDA
+    eager = run_sync(TorchEngine(model, EOS, EngineSettings(device="cuda", static_decode=False)), reqs)
+    eng = TorchEngine(model, EOS, EngineSettings(device="cuda"))  # graphs by default on CUDA
     graphs = eng._runner.graphs
     assert graphs is not None and graphs.capture
     first = run_sync(eng, reqs)
@@ -46,8 +46,8 @@ def test_graph_replays_equal_eager_decoding_and_are_captured_once_per_bucket():
 def test_a_replay_after_a_weight_load_uses_the_new_weights():
     model, other = on_gpu(0), on_gpu(1)
     reqs = staggered_requests(5)
-    want = run_sync(TorchEngine(other, eos_token_id=EOS, device="cuda", static_decode=False), reqs)
-    eng = TorchEngine(model, eos_token_id=EOS, device="cuda")
+    want = run_sync(TorchEngine(other, EOS, EngineSettings(device="cuda", static_decode=False)), reqs)
+    eng = TorchEngine(model, EOS, EngineSettings(device="cuda"))
     before = run_sync(eng, reqs)
     captured = eng._runner.graphs.captures
     asyncio.run(eng.load_weights(other.state_dict().items(), version=1))
@@ -61,8 +61,8 @@ def test_a_replay_after_a_weight_load_uses_the_new_weights():
 def test_replays_across_attention_length_keys_equal_eager_decoding():
     model = on_gpu()
     reqs = long_requests()
-    eager = run_sync(TorchEngine(model, eos_token_id=EOS, device="cuda", static_decode=False), reqs)
-    eng = TorchEngine(model, eos_token_id=EOS, device="cuda", max_model_len=320, max_num_seqs=4)
+    eager = run_sync(TorchEngine(model, EOS, EngineSettings(device="cuda", static_decode=False)), reqs)
+    eng = TorchEngine(model, EOS, EngineSettings(device="cuda", max_model_len=320, max_num_seqs=4))
     graphs = eng._runner.graphs
     first = run_sync(eng, reqs)
     assert [o.response_ids for o in first] == [o.response_ids for o in eager]
@@ -82,7 +82,7 @@ def test_capture_while_another_thread_runs_cuda_work():
     kernels, fresh allocations, host reads. Thread-local capture lets both proceed."""
     model = on_gpu()
     reqs = long_requests()
-    eager = run_sync(TorchEngine(model, eos_token_id=EOS, device="cuda", static_decode=False), reqs)
+    eager = run_sync(TorchEngine(model, EOS, EngineSettings(device="cuda", static_decode=False)), reqs)
     stop, errors, steps = threading.Event(), [], [0]
 
     def trainer() -> None:
@@ -98,7 +98,7 @@ def test_capture_while_another_thread_runs_cuda_work():
     thread = threading.Thread(target=trainer)
     thread.start()
     try:
-        eng = TorchEngine(model, eos_token_id=EOS, device="cuda", max_model_len=320, max_num_seqs=4)
+        eng = TorchEngine(model, EOS, EngineSettings(device="cuda", max_model_len=320, max_num_seqs=4))
         got = run_sync(eng, reqs)
     finally:
         stop.set()

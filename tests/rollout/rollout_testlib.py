@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from asyncrl.rollout import TorchEngine
+from asyncrl.rollout import EngineSettings, TorchEngine
 from asyncrl.types import GenerationRequest, SamplingParams, Trajectory
 
 VOCAB = 64
@@ -79,8 +80,8 @@ def staggered_requests(n: int, temperature: float = 0.0) -> list[GenerationReque
     ]
 
 
-def engine(model: torch.nn.Module, **kw: object) -> TorchEngine:
-    return TorchEngine(model, eos_token_id=EOS, **kw)
+def engine(model: torch.nn.Module, version: int = 0, **settings: Any) -> TorchEngine:
+    return TorchEngine(model, EOS, EngineSettings(**settings), version=version)
 
 
 def run(fn: Callable[[], Awaitable[object]]) -> object:

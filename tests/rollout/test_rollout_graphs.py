@@ -14,14 +14,14 @@ import pytest
 import torch
 
 import asyncrl.rollout.runner as runner_module
-from asyncrl.rollout import TorchEngine, run_sync
+from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
 from asyncrl.rollout.graphs import attention_length, bucket_sizes
 from asyncrl.rollout.memory import DeviceMemory
 from tests.rollout.rollout_testlib import EOS, prompt, request, staggered_requests, tiny_model, wait_for_tokens
 
 
 def static_engine(model, **kw) -> TorchEngine:
-    eng = TorchEngine(model, eos_token_id=EOS, static_decode=True, **kw)
+    eng = TorchEngine(model, EOS, EngineSettings(static_decode=True, **kw))
     assert eng._runner.graphs is not None and not eng._runner.graphs.capture  # eager on CPU
     return eng
 
@@ -92,7 +92,7 @@ def test_static_decode_equals_dynamic(arch, temperature):
     model = tiny_model(arch)
     reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, seed=i))
             for i, r in enumerate(staggered_requests(7, temperature))]  # 7 rows: buckets 8, 4, 2, 1
-    want = run_sync(TorchEngine(model, eos_token_id=EOS, max_num_seqs=40), reqs)
+    want = run_sync(TorchEngine(model, EOS, EngineSettings(max_num_seqs=40)), reqs)
     eng = static_engine(model, max_num_seqs=40)
     got = run_sync(eng, reqs)
     assert [o.response_ids for o in got] == [o.response_ids for o in want]

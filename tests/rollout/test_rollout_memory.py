@@ -12,7 +12,7 @@ import torch
 
 import asyncrl.rollout.runner as runner_module
 from asyncrl.errors import ConfigError, RolloutError
-from asyncrl.rollout import TorchEngine, run_sync
+from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
 from asyncrl.rollout.memory import DeviceMemory, ModelShape, activation_reserve_bytes, plan_kv_cache
 from tests.rollout.rollout_testlib import EOS, prompt, request, staggered_requests, tiny_model
 
@@ -89,7 +89,7 @@ def fake_device(monkeypatch, slots: float, fraction: float = 0.5) -> None:
 
 
 def sized_engine(model, **kw) -> TorchEngine:
-    return TorchEngine(model, eos_token_id=EOS, static_decode=True, max_num_seqs=8, max_model_len=64, **kw)
+    return TorchEngine(model, EOS, EngineSettings(static_decode=True, max_num_seqs=8, max_model_len=64, **kw))
 
 
 def seeded(reqs):
@@ -117,7 +117,7 @@ def test_short_memory_lowers_the_sequences_run_at_once(monkeypatch, caplog):
     fake_device(monkeypatch, slots=3.5)
     model = tiny_model("llama")
     reqs = seeded(staggered_requests(7, temperature=1.0))
-    want = run_sync(TorchEngine(model, eos_token_id=EOS, max_num_seqs=8), reqs)
+    want = run_sync(TorchEngine(model, EOS, EngineSettings(max_num_seqs=8)), reqs)
     with caplog.at_level(logging.WARNING, logger="asyncrl.rollout"):
         eng = sized_engine(model)
     lowered = [r.message for r in caplog.records if "gpu_memory_utilization" in r.message]
@@ -140,7 +140,7 @@ def test_no_room_for_one_sequence_raises_at_construction(monkeypatch):
 
 
 def test_a_request_longer_than_max_model_len_is_refused():
-    eng = TorchEngine(tiny_model(), eos_token_id=EOS, max_model_len=20)
+    eng = TorchEngine(tiny_model(), EOS, EngineSettings(max_model_len=20))
     with pytest.raises(RolloutError, match="needs 21 cached tokens .* max_model_len is 20; raise max_model_len"):
         run_sync(eng, [request("a", prompt(5, seed=0), 16)])
     assert run_sync(eng, [request("b", prompt(5, seed=0), 15)])[0].finish_reason == "length"
