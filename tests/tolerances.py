@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which asyncrl.training.optim keeps
 BETAS = (0.9, 0.999)
@@ -51,6 +52,16 @@ def sum_error(dtype: torch.dtype, terms: int, scale: float) -> float:
     60 x 2^-23 x 0.3 = 2.1e-6."""
     assert terms >= 1 and scale >= 0
     return terms * eps_of(dtype) * scale
+
+
+def clip_error(dtype: torch.dtype, grad_elements: int, terms: int) -> float:
+    """Bound on the relative difference of two runs' clip factor max_norm / (||g|| + 1e-6):
+    each run's squared norm sums n positive terms (relative error < n u: eq. 4.4 with
+    sum|x_i| = sum x_i), halved by the square root, and 2 u for the add and the divide; and
+    the runs' gradients differ by up to `sum_error(dtype, terms, max|g|)` per element, which
+    moves ||g|| by at most sqrt(n) times that, < sqrt(n) terms eps relative (||g|| >= max|g|)."""
+    eps = eps_of(dtype)
+    return grad_elements * eps / 2 + 2 * eps + math.sqrt(grad_elements) * terms * eps
 
 
 def adam_ratio_bound(step: int, betas: tuple[float, float] = BETAS) -> float:
@@ -155,51 +166,75 @@ class StepRecord:
     weights: torch.Tensor
 
 
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP-sharded) as its full tensor, collectively; any other tensor as it is."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    return model.state_dict(), optimizer.state_dict()
+
+
+SaveState = Callable[[nn.Module, torch.optim.Optimizer], tuple[dict[str, Any], dict[str, Any]]]
+
+
 @dataclass
 class Lockstep:
     """Records every step of a leader run; a follower run records its own and then takes the
-    leader's weights and AdamW state of that step, so its next gradient is computed at the same
-    weights. Each recorded step then differs only by that step's rounding.
+    leader's weights and AdamW state of that step (its step k: the leader's k + `offset`), so
+    its next gradient is computed at the same weights. Each recorded step then differs only by
+    that step's rounding. A leader may be sharded (its records are full tensors; pass
+    `save=asyncrl.training.fsdp.full_state_dicts`) and is picklable, for a follower elsewhere.
 
     Usage: `lead = Lockstep(); lead.attach(model_a, opt_a); <train a>; follow = Lockstep(leader=lead);
-    follow.attach(model_b, opt_b); <train b>; compare lead.steps[k] with follow.steps[k]`."""
+    follow.attach(model_b, opt_b); <train b>; assert_same_steps(lead.steps, follow.steps, ...)`."""
 
     leader: Lockstep | None = None
+    offset: int = 0
     steps: list[StepRecord] = field(default_factory=list)
-    _saved: list[tuple[dict[str, torch.Tensor], dict[str, Any]]] = field(default_factory=list)
+    saved: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
 
-    def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        params = [p for p in model.parameters() if p.requires_grad]
+    def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer, save: SaveState = state_dicts) -> None:
         pending: dict[str, Any] = {}
 
         def before(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            states = [opt.state.get(p, {}) for p in params]
+            # what AdamW steps now, and keeps state for (read at each step: FSDP's first forward may
+            # put new parameter objects in the optimizer's groups)
+            stepped = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
+            states = [opt.state.get(p, {}) for p in stepped]
             has_state = all("exp_avg" in s for s in states)
-            pending["grad"] = flat(p.grad for p in params).clone()
-            pending["m"] = flat(s["exp_avg"] for s in states).clone() if has_state else None
-            pending["v"] = flat(s["exp_avg_sq"] for s in states).clone() if has_state else None
+            pending["params"] = stepped
+            pending["grad"] = flat(full(p.grad) for p in stepped).clone()
+            pending["m"] = flat(full(s["exp_avg"]) for s in states).clone() if has_state else None
+            pending["v"] = flat(full(s["exp_avg_sq"]) for s in states).clone() if has_state else None
 
         def after(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            k = len(self.steps)
-            self.steps.append(StepRecord(k + 1, pending["grad"], pending["m"], pending["v"], flat(params).clone()))
+            stepped = pending["params"]
+            step = int(opt.state[stepped[0]]["step"])
+            weights = flat(full(p) for p in stepped).clone()
+            self.steps.append(StepRecord(step, pending["grad"], pending["m"], pending["v"], weights))
             if self.leader is None:
-                self._saved.append((copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())))
+                self.saved.append(copy.deepcopy(save(model, opt)))  # state dicts hold live tensors
                 return
-            weights, state = self.leader._saved[k]
-            model.load_state_dict(weights)
-            opt.load_state_dict(copy.deepcopy(state))
+            model_sd, optim_sd = self.leader.saved[len(self.steps) - 1 + self.offset]
+            # not strict: a sharded leader's full state dict leaves out tied weights (they load with their twin)
+            assert not model.load_state_dict(model_sd, strict=False).unexpected_keys
+            opt.load_state_dict(copy.deepcopy(optim_sd))
 
         optimizer.register_step_pre_hook(before)
         optimizer.register_step_post_hook(after)
 
 
-def assert_same_steps(lead: Lockstep, follow: Lockstep, terms_S: Sequence[int], lr: float) -> None:
+def assert_same_steps(lead: Sequence[StepRecord], follow: Sequence[StepRecord], terms_S: Sequence[int], lr: float,
+                      relative: float = 0.0) -> None:
     """Each lockstep step (`terms_S[k]`: the terms summed into each gradient element at step k):
-    gradients within `sum_error` of the leader's (max|g| standing in for the terms' sum |x_i|),
-    weights within what AdamW makes of that error plus rounding (`adamw_weight_bound`)."""
-    assert len(lead.steps) == len(follow.steps) == len(terms_S), (len(lead.steps), len(follow.steps), len(terms_S))
-    for want, got, terms in zip(lead.steps, follow.steps, terms_S, strict=True):
-        error = sum_error(want.grad.dtype, terms, float(want.grad.abs().max()))
+    gradients within `sum_error` of the leader's (max|g| standing in for the terms' sum |x_i|)
+    plus `relative` x |g| (e.g. `clip_error`), weights within what AdamW makes of that error
+    plus rounding (`adamw_weight_bound`)."""
+    assert len(lead) == len(follow) == len(terms_S), (len(lead), len(follow), len(terms_S))
+    for want, got, terms in zip(lead, follow, terms_S, strict=True):
+        assert got.step == want.step, (got.step, want.step)
+        error = sum_error(want.grad.dtype, terms, float(want.grad.abs().max())) + relative * want.grad.double().abs()
         assert_within(got.grad, want.grad, error, f"step {want.step} gradients")
         bound = adamw_weight_bound(want.weights, want.grad, error, lr, want.step, want.exp_avg, want.exp_avg_sq)
         assert_within(got.weights, want.weights, bound, f"step {want.step} weights")

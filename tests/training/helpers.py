@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from asyncrl.training.actor import Actor
+from asyncrl.config.schema import ActorConfig
 from asyncrl.types import Group, PromptRow, Trajectory
 
 VOCAB = 32
@@ -58,8 +58,8 @@ def make_ragged_groups(seed: int = 0) -> list[Group]:
     return groups_of_lengths([2, 4, 7], [[1, 2, 11, 3], [2, 1, 14, 2], [5, 1, 3, 2]], seed)
 
 
-def gradient_terms(actor: Actor, tokens: int) -> int:
-    """Terms the actor's loss sums into each gradient element over `tokens` response tokens: one
+def gradient_terms(cfg: ActorConfig, tokens: int) -> int:
+    """Terms an actor's loss sums into each gradient element over `tokens` response tokens: one
     per token and loss (policy, plus KL and entropy when on), for `tests.tolerances.sum_error`."""
-    losses = 1 + bool(actor.cfg.use_kl_loss) + bool(actor.cfg.entropy_coeff)
+    losses = 1 + bool(cfg.use_kl_loss) + bool(cfg.entropy_coeff)
     return tokens * losses

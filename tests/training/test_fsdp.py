@@ -3,8 +3,10 @@ gradients and checkpoints exactly as the single-process actor does on the same b
 padded or packed (`use_remove_padding`) micro-batches.
 
 The ranks run in spawned processes; rank 0 writes what it sees to a file, the test compares it
-with a single-process actor here. A rank that fails, or ranks that wait on each other, end the
-test (gloo timeout, then a deadline on the whole group) instead of hanging it.
+with a single-process actor here, which follows the ranks step by step (each of its steps starts
+from their weights and AdamW state, tests/tolerances.py's `Lockstep`). A rank that fails, or
+ranks that wait on each other, end the test (gloo timeout, then a deadline on the whole group)
+instead of hanging it.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import torch.multiprocessing as mp
 
 from asyncrl.algorithms import compute_advantage
 from asyncrl.config.schema import ActorConfig
+from asyncrl.training import fsdp
 from asyncrl.training.actor import Actor, response_log_probs
 from asyncrl.training.batch import TrainBatch, build_batch, micro_batches, split_rows
 from asyncrl.training.lora import apply_lora
-from tests.training.helpers import make_ragged_groups, tiny_lm
+from tests.tolerances import Lockstep, StepRecord, assert_same_steps, clip_error, state_dicts
+from tests.training.helpers import gradient_terms, make_ragged_groups, tiny_lm
 
 WORLD = 2
 BUDGET = 30  # tokens per micro-batch: 1 to 4 rows of the ragged batch, so shares are uneven or empty
@@ -37,10 +41,16 @@ CONFIGS = {  # no clipping / clipping, entropy and KL losses
 }
 
 
+LR = 1e-2
+
+
+def actor_config(name: str) -> ActorConfig:
+    return ActorConfig(ppo_micro_batch_tokens=BUDGET, lr=LR, warmup_steps=0, weight_decay=0.01, entropy_coeff=0.01,
+                       **CONFIGS[name])
+
+
 def make_actor(name: str, pack: bool = False) -> Actor:
-    cfg = ActorConfig(ppo_micro_batch_tokens=BUDGET, lr=1e-2, warmup_steps=0, weight_decay=0.01,
-                      entropy_coeff=0.01, **CONFIGS[name])
-    return Actor(tiny_lm(), cfg, temperature=1.0, norm_length=4, use_remove_padding=pack)
+    return Actor(tiny_lm(), actor_config(name), temperature=1.0, norm_length=4, use_remove_padding=pack)
 
 
 def prepared_batch() -> TrainBatch:
@@ -62,15 +72,26 @@ def copied(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: w.clone() for name, w in weights.items()}  # one process: views of the live weights
 
 
-def run_actor(batch: TrainBatch, ckpt: Path) -> dict[str, Any]:
-    """Everything compared, on any number of ranks (collective calls on all of them)."""
+def lockstep(actor: Actor, key: str, out: dict[str, Any], leaders: dict[str, Lockstep] | None, offset: int = 0) -> None:
+    """The ranks lead, recording each step in full; the single process follows them, each step
+    from the ranks' weights and AdamW state (tests/tolerances.py), in `out["locks"][key]`."""
+    lock = Lockstep() if leaders is None else Lockstep(leader=leaders[key], offset=offset)
+    lock.attach(actor.model, actor.optimizer, save=fsdp.full_state_dicts if actor.sharded else state_dicts)
+    out.setdefault("locks", {})[key] = lock
+
+
+def run_actor(batch: TrainBatch, ckpt: Path, leaders: dict[str, Lockstep] | None = None) -> dict[str, Any]:
+    """Everything compared, on any number of ranks (collective calls on all of them); `leaders`:
+    the ranks' steps, which a single process follows."""
     out: dict[str, Any] = {}
     for name in CONFIGS:
         actor = make_actor(name)
+        lockstep(actor, name, out, leaders)
         metrics = actor.train_step(batch, num_mini_batches=2)
         out[name] = {"weights": copied(actor.named_weights()), "log_probs": actor.compute_log_probs(batch),
                      "metrics": metrics}
     packed = make_actor("token-mean", pack=True)
+    lockstep(packed, "packed", out, leaders)
     out["packed"] = {"log_probs_before": packed.compute_log_probs(batch),
                      "metrics": packed.train_step(batch, num_mini_batches=2)}
     out["packed"] |= {"weights": copied(packed.named_weights()), "log_probs": packed.compute_log_probs(batch)}
@@ -78,6 +99,7 @@ def run_actor(batch: TrainBatch, ckpt: Path) -> dict[str, Any]:
         packed.accumulate(chunk)
     out["packed"] |= {"stream_metrics": packed.apply_update(), "stream_weights": copied(packed.named_weights())}
     stream = make_actor("token-mean")
+    lockstep(stream, "stream", out, leaders)
     for chunk in halves(batch):
         stream.accumulate(chunk)
     metrics = stream.apply_update()
@@ -124,14 +146,27 @@ def run_ranks(batch: TrainBatch, tmp: Path, deadline_s: float = 240.0) -> dict[s
     return torch.load(tmp / "rank0.pt", weights_only=False)
 
 
-def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    """Equal up to what float rounding does through AdamW: its first steps move a weight by about
-    lr (1e-2) x g / (|g| + 1e-8) whatever the gradient g's size, so where |g| is near 1e-8 (more
-    so under the 0.05 clip) summing in another order shows at up to ~1e-3 of lr; a wrong gradient
-    moves weights by ~lr."""
+def mini_batch_tokens(batch: TrainBatch) -> list[int]:
+    """Response tokens of each of `train_step`'s 2 mini-batches."""
+    return [int(batch.response_mask[rows].sum()) for rows in split_rows(batch.size, 2)]
+
+
+def assert_same_steps_as_ranks(sharded: list[StepRecord], single: list[StepRecord], name: str,
+                               tokens_S: list[int]) -> None:
+    """Each step from the same weights and state: gradients summed over the ranks within their
+    float32 summation bound (any grouping of the same tokens), the clip factor's rounding where
+    the clip is on; weights within what AdamW makes of that (tests/tolerances.py)."""
+    cfg = actor_config(name)
+    terms_S = [gradient_terms(cfg, n) for n in tokens_S]
+    relative = clip_error(torch.float32, sharded[0].grad.numel(), max(terms_S)) if cfg.grad_clip < 1e9 else 0.0
+    assert_same_steps(sharded, single, terms_S, LR, relative)
+
+
+def assert_equal_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """Bit for bit: a load, or the same computation on the same ranks from the same state."""
     assert list(got) == list(want)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=3e-5, msg=name)
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
 
 
 def assert_same_metrics(got: dict[str, float], want: dict[str, float]) -> None:
@@ -145,7 +180,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict
     """(2 ranks, 1 process) on the same batch; the directory with both checkpoints."""
     tmp = tmp_path_factory.mktemp("fsdp")
     batch = prepared_batch()
-    return run_ranks(batch, tmp), run_actor(batch, tmp / "single"), tmp
+    sharded = run_ranks(batch, tmp)
+    return sharded, run_actor(batch, tmp / "single", leaders=sharded["locks"]), tmp
 
 
 def test_the_batch_gives_ranks_uneven_and_empty_shares():
@@ -157,7 +193,8 @@ def test_the_batch_gives_ranks_uneven_and_empty_shares():
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_sharded_train_step_equals_single_process(runs, name):
     sharded, single, _ = runs
-    assert_same_weights(sharded[name]["weights"], single[name]["weights"])
+    assert_same_steps_as_ranks(sharded["locks"][name].steps, single["locks"][name].steps, name,
+                               mini_batch_tokens(prepared_batch()))
     torch.testing.assert_close(sharded[name]["log_probs"], single[name]["log_probs"], rtol=1e-5, atol=1e-6)
     assert_same_metrics(sharded[name]["metrics"], single[name]["metrics"])
     assert single[name]["weights"]["model.norm.weight"].ne(1).any()  # it trained
@@ -173,15 +210,19 @@ def test_sharded_packed_steps_equal_single_process(runs):
         torch.testing.assert_close(sharded["packed"][key], single["packed"][key], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(single["packed"]["log_probs_before"], prepared_batch().old_log_probs + 0.05 *
                                prepared_batch().response_mask, rtol=1e-5, atol=1e-6)
-    for key in ("weights", "stream_weights"):
-        assert_same_weights(sharded["packed"][key], single["packed"][key])
+    batch = prepared_batch()
+    tokens_S = [*mini_batch_tokens(batch), int(batch.response_mask.sum())]  # train_step's 2, the stream's 1
+    assert_same_steps_as_ranks(sharded["locks"]["packed"].steps, single["locks"]["packed"].steps, "token-mean",
+                               tokens_S)
     for key in ("metrics", "stream_metrics"):
         assert_same_metrics(sharded["packed"][key], single["packed"][key])
 
 
 def test_sharded_stream_update_equals_single_process(runs):
     sharded, single, _ = runs
-    assert_same_weights(sharded["stream"]["weights"], single["stream"]["weights"])
+    tokens = int(prepared_batch().response_mask.sum())
+    assert_same_steps_as_ranks(sharded["locks"]["stream"].steps[:1], single["locks"]["stream"].steps[:1],
+                               "token-mean", [tokens])
     assert_same_metrics(sharded["stream"]["metrics"], single["stream"]["metrics"])
 
 
@@ -189,11 +230,14 @@ def test_sharded_checkpoint_round_trips(runs):
     """Sharded save -> sharded load resumes exactly (weights and optimizer: the next step is the
     same), and a single-process actor loads the same checkpoint."""
     sharded, single, tmp = runs
-    assert_same_weights(sharded["loaded"], sharded["stream"]["weights"])
-    assert_same_weights(sharded["resumed"], sharded["after_save"])
-    assert_same_weights(sharded["after_save"], single["after_save"])
+    assert_equal_weights(sharded["loaded"], sharded["stream"]["weights"])
+    assert_equal_weights(sharded["resumed"], sharded["after_save"])
+    lead, tokens_S = sharded["locks"]["stream"].steps[1:], mini_batch_tokens(prepared_batch())
+    assert_same_steps_as_ranks(lead, single["locks"]["stream"].steps[1:], "token-mean", tokens_S)
     actor = make_actor("token-mean")
     actor.load(tmp / "sharded")
-    assert_same_weights(actor.named_weights(), single["stream"]["weights"])
+    assert_equal_weights(actor.named_weights(), sharded["stream"]["weights"])
+    loaded: dict[str, Any] = {}
+    lockstep(actor, "stream", loaded, sharded["locks"], offset=1)  # the ranks' steps after the save
     actor.train_step(prepared_batch(), num_mini_batches=2)
-    assert_same_weights(actor.named_weights(), single["after_save"])
+    assert_same_steps_as_ranks(lead, loaded["locks"]["stream"].steps, "token-mean", tokens_S)

@@ -132,7 +132,7 @@ def test_packed_train_step_equals_padded(mode, budget):
     (padded, padded_metrics, _), (_, packed_metrics, follow) = steps
     assert padded["model.norm.weight"].ne(1).any() and padded_metrics["actor/pg_clipfrac"] > 0  # it trained, clipped
     tokens = [int(batch.response_mask[rows].sum()) for rows in split_rows(batch.size, 2)]
-    assert_same_steps(lead, follow, [gradient_terms(actor, n) for n in tokens], LR)  # float64 sums
+    assert_same_steps(lead.steps, follow.steps, [gradient_terms(actor.cfg, n) for n in tokens], LR)  # float64 sums
     assert sorted(packed_metrics) == sorted(padded_metrics)
     for key, value in padded_metrics.items():
         if key not in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"):
@@ -150,7 +150,7 @@ def test_packed_lora_and_checkpointed_steps_equal_padded():
             actor = Actor(prepare(lm64()), cfg, temperature=1.0, norm_length=8, use_remove_padding=lock is not lead)
             lock.attach(actor.model, actor.optimizer)
             actor.train_step(batch, num_mini_batches=1)
-        assert_same_steps(lead, lock, [gradient_terms(actor, int(batch.response_mask.sum()))], LR)
+        assert_same_steps(lead.steps, lock.steps, [gradient_terms(actor.cfg, int(batch.response_mask.sum()))], LR)
 
 
 def prepared_for_checkpointing(model: nn.Module) -> nn.Module:
@@ -176,7 +176,7 @@ def test_packed_stream_update_equals_padded():
         for rows in ([0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11]):
             actor.accumulate(batch.select(rows))
         actor.apply_update()
-    assert_same_steps(lead, lock, [gradient_terms(actor, int(batch.response_mask.sum()))], LR)
+    assert_same_steps(lead.steps, lock.steps, [gradient_terms(actor.cfg, int(batch.response_mask.sum()))], LR)
 
 
 def test_packed_critic_values_and_update_equal_padded():

@@ -100,7 +100,7 @@ def test_streamed_step_equals_plain_step(mode: str, extra: dict[str, dict], orde
     # other micro-batches and chunks. Weights within what AdamW makes of it (tests/tolerances.py):
     # an element whose gradient is within the bound of 0 may differ by up to lr, one far above it
     # by ~lr x adam_eps x bound / g^2; plus the rounding of the update and the weight.
-    assert_same_steps(lead, follow, [gradient_terms(plain.actor, tokens_of(groups))], LR)
+    assert_same_steps(lead.steps, follow.steps, [gradient_terms(plain.actor.cfg, tokens_of(groups))], LR)
     assert set(got) == set(want)
     for key in want:
         if not key.startswith(("timing_s/", "perf/")):  # times and memory vary run to run
@@ -124,7 +124,7 @@ def test_accumulate_does_not_change_weights_and_a_second_batch_starts_afresh() -
     torch.testing.assert_close(weights(stream), first, rtol=0, atol=0)
     asyncio.run(stream.apply_update())
     streamed(stream, [groups[2:4], groups[4:]])
-    assert_same_steps(lead, follow, [gradient_terms(plain.actor, tokens_of(b)) for b in batches], LR)
+    assert_same_steps(lead.steps, follow.steps, [gradient_terms(plain.actor.cfg, tokens_of(b)) for b in batches], LR)
 
 
 def test_apply_update_without_accumulate_is_an_error() -> None:
