@@ -16,6 +16,7 @@ from tests.tolerances import (
     adamw_rounding,
     adamw_step_error,
     assert_within,
+    clip_error,
     first_step_error,
     sum_error,
 )
@@ -36,6 +37,23 @@ def test_sum_error_covers_float32_sums_in_any_order():
         groupings = (y.view(64, 64).sum(0).sum(), y.view(8, 512).sum(1).flip(0).sum(), sequential + y[512:].sum())
         for total in (y.sum(), *groupings):
             assert abs(float(total) - float(exact)) <= bound
+
+
+def test_clip_error_covers_two_runs_clip_factors():
+    gen = torch.Generator().manual_seed(1)
+    n, terms = 20_000, 100
+    g = torch.randn(n, generator=gen) * torch.rand(n, generator=gen) ** 3
+    error = sum_error(torch.float32, terms, float(g.abs().max()))
+    other = g + (torch.rand(n, generator=gen) * 2 - 1) * error  # another run's gradient, within its bound
+
+    def factor(x: torch.Tensor, chunks: int) -> torch.Tensor:  # max_norm / (||x|| + 1e-6), summed in chunks
+        squares = torch.stack([(c * c).sum() for c in x.chunk(chunks)]).sum()
+        return 0.05 / (squares.sqrt() + 1e-6)
+
+    one_run = factor(g, 1)
+    bound = clip_error(torch.float32, n, terms) * float(one_run)
+    for another_run in (factor(g, 64), factor(other, 7), 0.05 / (torch.linalg.vector_norm(other) + 1e-6)):
+        assert abs(float(another_run) - float(one_run)) <= bound
 
 
 def adamw_after_one_step(weight: torch.Tensor, grad: torch.Tensor, lr: float,
@@ -113,12 +131,12 @@ def test_assert_within_names_the_worst_element():
 
 
 def test_lockstep_hands_the_leaders_state_to_the_follower_after_every_step():
-    def run(lockstep: Lockstep, grad_scale: float) -> nn.Module:
+    def run(lockstep: Lockstep, grad_scale: float, steps: int = 3) -> nn.Module:
         torch.manual_seed(0)
         model = nn.Linear(3, 2)
         opt = torch.optim.AdamW(model.parameters(), lr=0.1)
         lockstep.attach(model, opt)
-        for k in range(3):
+        for k in range(steps):
             opt.zero_grad()
             (model(torch.full((1, 3), float(k + 1))).sum() * grad_scale).backward()
             opt.step()
@@ -137,3 +155,7 @@ def test_lockstep_hands_the_leaders_state_to_the_follower_after_every_step():
             torch.testing.assert_close(mine.exp_avg, theirs.exp_avg, rtol=0, atol=0)
     for a, b in zip(follower.parameters(), leader.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+    late = Lockstep(leader=lead, offset=1)  # after its first step it takes the leader's second
+    run(late, 1.0, steps=2)
+    assert [s.step for s in late.steps] == [1, 3]  # the step count comes with the leader's state
+    torch.testing.assert_close(late.steps[1].exp_avg, lead.steps[2].exp_avg, rtol=0, atol=0)
