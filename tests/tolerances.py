@@ -9,14 +9,17 @@ comparisons across dtypes (bf16 against float32 is a different question).
 Summation (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., eq. 4.4): a sum of
 n terms in any order and grouping is within (n - 1) u sum|x_i| of the exact sum, u = eps / 2.
 Two such sums (other micro-batches, chunks, thread count or kernel) differ by less than
-n eps sum|x_i|: `sum_error`.
+n eps sum|x_i|: `sum_error`. For a gradient the tests take max|g| for sum|x_i| (which would take
+a backward per term): n eps is the worst case of every rounding going one way, which rounding
+errors (growing like sqrt(n)) do not approach, and that slack covers terms that partly cancel.
 
 AdamW (Loshchilov & Hutter 2019) moves a weight by lr m_hat / (sqrt(v_hat) + adam_eps), whose
 size is at most lr R_t whatever the gradients (`adam_ratio_bound`). At the first step that is
 lr g / (|g| + adam_eps): a gradient element within its rounding error of 0 can come out anywhere
 in [-lr, lr], one with |g| far above it moves by lr g / |g| in both runs. `adamw_step_error`
-bounds the change of the update over every gradient within the error, per element, by interval
-arithmetic; `adamw_rounding` adds the rounding of the update and of the weight itself.
+bounds the change of the update over every gradient within the error, per element (exactly at
+step 1, by interval arithmetic after); `adamw_rounding` adds the rounding of the update and of
+the weight itself.
 
 Over several steps an element that moved differently at step 1 changes every later gradient
 through the loss's curvature, which no rounding bound covers: `Lockstep` starts each step of the
