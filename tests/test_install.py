@@ -11,7 +11,7 @@ import pytest
 import asyncrl
 from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
-from asyncrl.substrates import substrate_for
+from asyncrl.substrates.registry import substrate_for
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 PYPROJECT = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]

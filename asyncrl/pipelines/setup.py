@@ -37,7 +37,7 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = log_line,
                   substrate: Substrate | None = None) -> RunContext:
     """A run on `substrate` (default: the real one `backend=` names, after checking that every
     key set is read by the chosen pipeline)."""
-    from asyncrl.substrates import substrate_for
+    from asyncrl.substrates.registry import substrate_for
 
     if substrate is None:
         check_pipeline_keys(cfg)

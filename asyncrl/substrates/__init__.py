@@ -12,18 +12,17 @@ and every pipeline run on all of them unchanged:
   torch.distributed broadcast;
 - sim (`asyncrl.sim.substrate.SimSubstrate`): modelled workers on a virtual clock.
 
-Not here: what workers do (`asyncrl.workers`), when to sync (pipelines).
+`registry.substrate_for(cfg)` picks the one `backend=` names. Not here: what workers do
+(`asyncrl.workers`), when to sync (pipelines).
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.config.schema import Config
-from asyncrl.errors import ConfigError
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.sync.transports import Transport
 from asyncrl.types import PromptRow
@@ -65,22 +64,3 @@ class Substrate(Protocol):
         """The trainer and `rollout.num_engines` rollout workers, placed and connected."""
         ...
 
-
-def substrate_for(cfg: Config) -> Substrate:
-    """The substrate `backend=` names; Ray is imported only when asked for."""
-    if cfg.backend == "local":
-        from asyncrl.substrates.local import LocalSubstrate
-
-        return LocalSubstrate()
-    if cfg.backend == "processes":
-        from asyncrl.substrates.processes import ProcessSubstrate
-
-        return ProcessSubstrate()
-    if cfg.backend == "ray":
-        if importlib.util.find_spec("ray") is None:
-            raise ConfigError("backend=ray needs Ray, which is not installed: pip install 'asyncrl[ray]' "
-                              "(or set backend=local)")
-        from asyncrl.substrates.ray_cluster import RaySubstrate
-
-        return RaySubstrate()
-    raise ConfigError(f"backend must be local, processes or ray, got {cfg.backend!r}")
