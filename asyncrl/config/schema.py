@@ -71,7 +71,7 @@ class DataConfig:
     train_files: tuple[str, ...] = ()
     """Parquet or JSONL files in the verl layout; empty means the built-in task."""
     val_files: tuple[str, ...] = ()
-    """Held-out files for validation; empty means the built-in task's test split."""
+    """Held-out files for validation; empty: the task's test split (none with train_files; eval: the split)."""
     train_batch_size: int = knob(32, ">= 1")
     """Prompts per training step."""
     max_prompt_length: int = knob(64, ">= 1")

@@ -36,7 +36,7 @@ async def _loop(ctx: RunContext) -> int:
     step, state = await start(ctx)
     source.restore(state)
     await validate_before_training(ctx, step)
-    while step < ctx.cfg.trainer.total_training_steps:
+    while step < ctx.plan.updates:
         step += 1
         await train_one_step(ctx, step, source, trigger)
     return step

@@ -21,12 +21,10 @@ from asyncrl.telemetry.val_metrics import validation_metrics
 from asyncrl.types import Group, PromptRow
 
 
-async def start(ctx: RunContext, total_steps: int | None = None) -> tuple[int, dict[str, Any]]:
+async def start(ctx: RunContext) -> tuple[int, dict[str, Any]]:
     """Set up weight sync, resume from `ctx.resume_from` if set: (last step, the pipeline's
     checkpointed state). A resumed run pushes the checkpoint's weights to the rollout side once,
-    at the policy version it saved. `total_steps` overrides trainer.total_training_steps where a
-    pipeline counts differently."""
-    ctx.total_steps = total_steps or ctx.cfg.trainer.total_training_steps
+    at the policy version it saved."""
     await ctx.synchronizer.setup()
     state: dict[str, Any] = {"step": 0, "pipeline": {}}
     if ctx.resume_from is not None:
@@ -138,12 +136,12 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
     metrics["training/global_step"] = step
     metrics["training/epoch"] = ctx.prompts.epoch
     metrics |= step_perf(metrics, groups, run_devices(ctx.cfg))
-    if validate_now if validate_now is not None else due(step, t.test_freq, ctx.total_steps):
+    if validate_now if validate_now is not None else due(step, t.test_freq, ctx.plan.updates):
         metrics |= await run_validation(ctx, step)
-    if due(step, t.save_freq, ctx.total_steps):
+    if due(step, t.save_freq, ctx.plan.updates):
         with timer("save_checkpoint", metrics):
             await save_checkpoint(ctx, state)
-        if step < ctx.total_steps:  # a kill keeps the trace so far; after the last step `finish` writes it
+        if step < ctx.plan.updates:  # a kill keeps the trace so far; after the last step `finish` writes it
             ctx.trace.export(ctx.output_dir / "trace.json", log=ctx.log)
     log_step(ctx, step, metrics)
     ctx.stop.check()

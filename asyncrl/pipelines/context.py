@@ -57,7 +57,6 @@ class RunContext:
     close: Callable[[], None]
     log: Callable[[str], None] = log_line
     tracker: Tracker | None = None
-    total_steps: int = 0
     step: int = 0
     """Policy updates finished (and recorded in the prompt stream and the ledger)."""
     trained: int = 0

@@ -27,7 +27,6 @@ generated again on resume, so a resumed run trains exactly the prompts not yet t
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 from asyncrl.pipelines.common import after_step, guarded, staleness_metrics, start, train, validate_before_training
@@ -35,7 +34,6 @@ from asyncrl.pipelines.context import RunContext
 from asyncrl.pipelines.rollouter import Rollouter
 from asyncrl.pipelines.stopping import Stopped
 from asyncrl.queue.message_queue import MessageQueue
-from asyncrl.scheduling.batching import prompts_per_update
 from asyncrl.scheduling.staleness import StalenessBudget
 from asyncrl.telemetry.metrics import timer
 from asyncrl.types import Group
@@ -44,11 +42,10 @@ from asyncrl.types import Group
 class AsyncTrainer:
     """The trainer loop: collect R prompts' groups, update, sync every T updates."""
 
-    def __init__(self, ctx: RunContext, queue: MessageQueue, rollouter: Rollouter,
-                 budget: StalenessBudget, total_prompts: int) -> None:
+    def __init__(self, ctx: RunContext, queue: MessageQueue, rollouter: Rollouter, budget: StalenessBudget) -> None:
         self.ctx, self.queue, self.rollouter, self.budget = ctx, queue, rollouter, budget
-        self.R, self.T = budget.prompts_per_update, budget.updates_per_sync
-        self.total_prompts = total_prompts
+        self.R, self.T = ctx.plan.prompts_per_update, ctx.plan.updates_per_sync
+        self.total_prompts = ctx.plan.total_prompts
         self.dropped = 0
         self.stale_counts: dict[str, float] = {}
         """verl's cumulative `fully_async/count/stale_*_processed` counters (`staleness_metrics`)."""
@@ -57,10 +54,6 @@ class AsyncTrainer:
     def trained(self) -> int:
         """Prompts trained in the run: counted with their update (`pipelines.common.train`)."""
         return self.ctx.trained
-
-    @property
-    def total_updates(self) -> int:
-        return math.ceil(self.total_prompts / self.R)
 
     @property
     def version(self) -> int:
@@ -152,11 +145,6 @@ class AsyncTrainer:
         return self.trained >= self.total_prompts or (freq > 0 and synced_now and self.version % freq == 0)
 
 
-def total_prompts(ctx: RunContext) -> int:
-    cfg = ctx.cfg
-    return cfg.rollout.total_rollout_steps or cfg.data.train_batch_size * cfg.trainer.total_training_steps
-
-
 def in_flight_cap(ctx: RunContext) -> int:
     """verl's `max_concurrent_samples`: prompts in flight per rollout engine x engines (0 = none)."""
     return ctx.cfg.async_training.max_concurrent_samples_per_server * len(ctx.rollout.workers)
@@ -167,14 +155,13 @@ async def run(ctx: RunContext) -> int:
 
 
 async def _loop(ctx: RunContext) -> int:
-    a = ctx.cfg.async_training
-    R = prompts_per_update(a.require_batches, ctx.cfg.actor.ppo_mini_batch_size)
-    budget = StalenessBudget(R, a.trigger_parameter_sync_step, a.staleness_threshold, a.max_version_lag)
-    queue = MessageQueue(capacity=max(2 * budget.per_version, 1))
-    rollouter = Rollouter(ctx, queue, budget, total_prompts(ctx), in_flight_cap(ctx))
-    trainer = AsyncTrainer(ctx, queue, rollouter, budget, total_prompts(ctx))
+    a, plan = ctx.cfg.async_training, ctx.plan
+    budget = StalenessBudget(plan.prompts_per_update, plan.updates_per_sync, a.staleness_threshold, a.max_version_lag)
+    queue = MessageQueue(capacity=max(2 * plan.prompts_per_version, 1))
+    rollouter = Rollouter(ctx, queue, budget, plan.total_prompts, in_flight_cap(ctx))
+    trainer = AsyncTrainer(ctx, queue, rollouter, budget)
     ctx.pipeline_state = trainer.state
-    step, state = await start(ctx, total_steps=trainer.total_updates)
+    step, state = await start(ctx)
     trainer.restore(state)
     await validate_before_training(ctx, step)
     rollout_task = asyncio.create_task(rollouter.run())

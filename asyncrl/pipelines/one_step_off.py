@@ -37,7 +37,7 @@ async def _loop(ctx: RunContext) -> int:
     step, state = await start(ctx)
     source.restore(state)
     await validate_before_training(ctx, step)
-    total = ctx.cfg.trainer.total_training_steps
+    total = ctx.plan.updates
     try:
         if step < total:
             source.prefetch(step + 1)  # unless the checkpoint held it
@@ -53,7 +53,7 @@ async def train_one_step(ctx: RunContext, step: int, source: BatchSource) -> Non
     """Wait for batch `step`, publish the trainer's weights (unless the rollout side has them
     already: the first step of a run), launch batch `step + 1`, train on batch `step`."""
     metrics: dict[str, float] = {}
-    total = ctx.cfg.trainer.total_training_steps
+    total = ctx.plan.updates
     with timer("step", metrics):
         with timer("wait_prev_gen", metrics):
             batch = await ctx.stop.race(source.next(step))
@@ -66,7 +66,7 @@ async def train_one_step(ctx: RunContext, step: int, source: BatchSource) -> Non
             source.prefetch(step + 1)
         with timer("train", metrics):
             metrics |= await train(ctx, batch.groups, step, consumed=batch.consumed)
-        if step < total and due(step, ctx.cfg.trainer.save_freq, ctx.total_steps):
+        if step < total and due(step, ctx.cfg.trainer.save_freq, total):
             with timer("wait_gen_for_checkpoint", metrics):  # the checkpoint holds the batch
                 await ctx.stop.race(source.settle())
     metrics |= staleness_metrics(batch.groups, ctx.synchronizer.version)

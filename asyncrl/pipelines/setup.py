@@ -73,7 +73,7 @@ def seed_everything(seed: int) -> None:
 
 def open_tracker(ctx: RunContext, initial_step: int) -> Tracker:
     t = ctx.cfg.trainer
-    return make_tracker(t.logger, ctx.output_dir, total_steps=ctx.total_steps or t.total_training_steps,
+    return make_tracker(t.logger, ctx.output_dir, total_steps=ctx.plan.updates,
                         initial_step=initial_step, project=t.project_name,
                         experiment=t.experiment_name, config=config_to_dict(ctx.cfg), log=ctx.log,
                         trace=ctx.trace)

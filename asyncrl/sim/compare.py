@@ -23,14 +23,15 @@ from pathlib import Path
 from asyncrl.config import load_config
 from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError
+from asyncrl.scheduling.plan import plan_run
 from asyncrl.sim.run import sim_config, simulate
 from asyncrl.sim.summary import RunSummary, table
 
 
 def modes(cfg: Config) -> dict[str, str]:
     """Overrides of one-step-off and the four fully async modes for `cfg`'s batch sizes."""
-    per_update = cfg.async_training.require_batches * cfg.actor.ppo_mini_batch_size
-    sync_every = max(1, cfg.data.train_batch_size // per_update)
+    as_async = dataclasses.replace(cfg, pipeline="fully_async")
+    sync_every = max(1, cfg.data.train_batch_size // plan_run(as_async).prompts_per_update)
     fair = f"pipeline=fully_async async_training.trigger_parameter_sync_step={sync_every}"
     return {"one_step_off": "pipeline=one_step_off",
             "fully_async (a)": "pipeline=fully_async async_training.trigger_parameter_sync_step=1",

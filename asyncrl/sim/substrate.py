@@ -11,7 +11,7 @@ from pathlib import Path
 
 from asyncrl.config.schema import Config
 from asyncrl.roles import RolloutSide, TrainerSide
-from asyncrl.scheduling.plan import plan_run
+from asyncrl.scheduling.plan import RunPlan
 from asyncrl.sim import costs
 from asyncrl.sim.profile import Profile
 from asyncrl.sim.topology import devices, with_memory_utilization
@@ -24,6 +24,7 @@ class SimSubstrate:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
         self.trace_max_events = 0
+        self.device: str | None = profile.device
 
     def load_data(self, cfg: Config, log: Log) -> RunData:
         """The run's prompt rows (no tokenizer); a simulated run starts fresh."""
@@ -31,13 +32,13 @@ class SimSubstrate:
         (Path(cfg.trainer.output_dir) / "metrics.jsonl").unlink(missing_ok=True)
         return RunData(None, *sim_rows(cfg))
 
-    def build_workers(self, cfg: Config, log: Log) -> Workers:
+    def build_workers(self, cfg: Config, plan: RunPlan, log: Log) -> Workers:
         self.profile = with_memory_utilization(self.profile, cfg.sim.gpu_memory_utilization)
         d = devices(cfg, self.profile)
         workload = Workload(cfg, cfg.seed)
         rollouts: list[RolloutSide] = [SimRolloutServer(cfg, self.profile, d.per_engine, workload)
                                        for _ in range(d.engines)]
         trainer: TrainerSide = SimTrainer(cfg, self.profile, d.trainer,
-                                               plan_run(cfg, self.profile.device).old_log_probs)
+                                               plan.old_log_probs)
         transport = SimTransport(rollouts, costs.sync_seconds(self.profile))
         return Workers(trainer, rollouts, transport, close=lambda: None)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.config.schema import Config
 from asyncrl.roles import RolloutSide, TrainerSide
+from asyncrl.scheduling.plan import RunPlan
 from asyncrl.sync.transports import Transport
 from asyncrl.types import PromptRow
 
@@ -55,12 +56,14 @@ class Workers:
 class Substrate(Protocol):
     trace_max_events: int
     """Spans a run's trace keeps (the simulator bounds it; real runs keep all of them)."""
+    device: str | None
+    """The device the run plan is made for: None = trainer.device (the simulator: its profile's)."""
 
     def load_data(self, cfg: Config, log: Log) -> RunData:
         """Tokenizer and prompt rows (a real substrate loads the model first, once)."""
         ...
 
-    def build_workers(self, cfg: Config, log: Log) -> Workers:
+    def build_workers(self, cfg: Config, plan: RunPlan, log: Log) -> Workers:
         """The trainer and `rollout.num_engines` rollout workers, placed and connected."""
         ...
 

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from asyncrl.compute import compute_thread, pin_threads
 from asyncrl.config.schema import Config
 from asyncrl.roles import RolloutSide
+from asyncrl.scheduling.plan import RunPlan
 from asyncrl.substrates import Log, RunData, Workers
 from asyncrl.substrates.real import load_real_data, side_cpus
 from asyncrl.sync.transports import InProcessTransport
@@ -24,6 +25,7 @@ from asyncrl.workers.handles import close_worker
 
 class LocalSubstrate:
     trace_max_events = 2_000_000
+    device: str | None = None
 
     def __init__(self) -> None:
         self._model: PreTrainedModel | None = None
@@ -40,13 +42,13 @@ class LocalSubstrate:
         self._model, self._tok, data = rollout.submit(load_real_data, cfg, log).result()
         return data
 
-    def build_workers(self, cfg: Config, log: Log) -> Workers:
+    def build_workers(self, cfg: Config, plan: RunPlan, log: Log) -> Workers:
         model, tok, rollout, training = self._model, self._tok, self._rollout_thread, self._trainer_thread
         assert model is not None and tok is not None and rollout and training, "load_data first"
         rollouts: list[RolloutSide] = [
             rollout.submit(build_rollout_server, cfg, i, model, tok, compute=rollout).result()
             for i in range(cfg.rollout.num_engines)]
-        trainer = training.submit(build_trainer_side, cfg, model, tok, compute=training).result()
+        trainer = training.submit(build_trainer_side, cfg, plan, model, tok, compute=training).result()
 
         def close() -> None:
             for worker in [*rollouts, trainer]:

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from asyncrl.config.schema import Config
 from asyncrl.roles import RolloutSide, TrainerSide
+from asyncrl.scheduling.plan import RunPlan
 from asyncrl.substrates import Log, RunData, Workers
 from asyncrl.substrates.real import load_real_data, set_threads, worker_shares
 from asyncrl.sync.collective import free_port
@@ -47,14 +48,15 @@ def trainer_setup(rank: int, ranks: int, cuda: bool, memory_fraction: float) -> 
         torch.cuda.set_per_process_memory_fraction(memory_fraction)
 
 
-def trainer_rank(cfg: Config, rank: int, port: int, compute: ThreadPoolExecutor | None = None) -> TrainerSide:
+def trainer_rank(cfg: Config, plan: RunPlan, rank: int, port: int,
+                 compute: ThreadPoolExecutor | None = None) -> TrainerSide:
     """Join the trainer's process group as `rank` (none for a single rank), then build the trainer
     side: its actor shards itself in the group."""
     if cfg.trainer.ranks > 1:
         backend = "nccl" if cfg.trainer.device == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=cfg.trainer.ranks)
-    return build_trainer_side(cfg, compute=compute)
+    return build_trainer_side(cfg, plan, compute=compute)
 
 
 class RankGroup:
@@ -72,6 +74,7 @@ class RankGroup:
 
 class ProcessSubstrate:
     trace_max_events = 2_000_000
+    device: str | None = None
 
     def __init__(self) -> None:
         self.handles: list[ProcessHandle] = []
@@ -80,13 +83,13 @@ class ProcessSubstrate:
         set_threads(cfg.num_threads)
         return load_real_data(cfg, log)[2]
 
-    def build_workers(self, cfg: Config, log: Log) -> Workers:
+    def build_workers(self, cfg: Config, plan: RunPlan, log: Log) -> Workers:
         shares = worker_shares(cfg)
         cuda, ranks, port = cfg.trainer.device == "cuda", cfg.trainer.ranks, free_port()
         shared = 1.0 - cfg.rollout.gpu_memory_utilization if cfg.pipeline != "colocated" else 1.0
         trainer_handles = [  # rank 0 shares GPU 0 with the engine: it keeps the engine's fraction free
             ProcessHandle("trainer" if ranks == 1 else f"trainer rank {r}",
-                          functools.partial(trainer_rank, cfg, r, port), num_threads=shares.trainer_threads,
+                          functools.partial(trainer_rank, cfg, plan, r, port), num_threads=shares.trainer_threads,
                           setup=functools.partial(trainer_setup, r, ranks, cuda, shared if r == 0 else 1.0))
             for r in range(ranks)]
         rollout_handles = [ProcessHandle(f"rollout worker {i}", functools.partial(build_rollout_server, cfg, i),

@@ -18,6 +18,7 @@ from typing import TypeVar, cast
 
 from asyncrl.config.schema import Config
 from asyncrl.roles import RolloutSide, TrainerSide
+from asyncrl.scheduling.plan import RunPlan
 from asyncrl.substrates import Log, RunData, Workers
 from asyncrl.substrates.real import load_real_data, set_threads, side_cpus, worker_shares
 from asyncrl.sync.transports import default_transport, make_transport
@@ -30,6 +31,7 @@ W = TypeVar("W")
 
 class RaySubstrate:
     trace_max_events = 2_000_000
+    device: str | None = None
 
     def __init__(self) -> None:
         self.handles: list[RayHandle] = []
@@ -49,7 +51,7 @@ class RaySubstrate:
         self.handles.append(handle)
         return cast(W, Proxy(handle))
 
-    def build_workers(self, cfg: Config, log: Log) -> Workers:
+    def build_workers(self, cfg: Config, plan: RunPlan, log: Log) -> Workers:
         rollout_pool, trainer_pool = self._pools(cfg)
         shares = worker_shares(cfg)
         gpu = 1.0 if cfg.trainer.device == "cuda" else 0.0
@@ -58,7 +60,7 @@ class RaySubstrate:
                        cpus=shares.rollout_cpus, threads=shares.rollout_threads, gpus=gpu,
                        max_restarts=cfg.rollout.max_restarts)
             for i in range(cfg.rollout.num_engines)]
-        trainer: TrainerSide = self.spawn("trainer", functools.partial(build_trainer_side, cfg), trainer_pool,
+        trainer: TrainerSide = self.spawn("trainer", functools.partial(build_trainer_side, cfg, plan), trainer_pool,
                                           cpus=shares.trainer_cpus, threads=shares.trainer_threads, gpus=gpu)
         processes = [self.handles[-1], *self.handles[:-1]]  # the trainer first, then rollouts in order
         transport = make_transport(default_transport("ray", gpus=bool(gpu)), trainer, rollouts, processes)

@@ -23,7 +23,7 @@ from asyncrl.errors import ConfigError
 from asyncrl.models import load_model
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.rollout.registry import build_engine
-from asyncrl.scheduling.plan import plan_run
+from asyncrl.scheduling.plan import RunPlan
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.critic import Critic
 from asyncrl.training.memory import enable_gradient_checkpointing
@@ -78,7 +78,7 @@ def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:
     return sorted({tok.eos_token_id, *extra})
 
 
-def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
+def build_trainer_side(cfg: Config, plan: RunPlan, model: PreTrainedModel | None = None,
                        tok: PreTrainedTokenizerBase | None = None,
                        compute: ThreadPoolExecutor | None = None) -> TrainerSide:
     """Actor (+ reference, + critic for gae) around `model`, loaded here when not given; it
@@ -86,7 +86,7 @@ def build_trainer_side(cfg: Config, model: PreTrainedModel | None = None,
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
     cast(nn.Module, model).to(cfg.trainer.device)  # in place: float32 master weights (model.dtype: compute)
-    dtype, pack, plan = compute_dtype(cfg), cfg.model.use_remove_padding, plan_run(cfg)
+    dtype, pack = compute_dtype(cfg), cfg.model.use_remove_padding
     ref = None
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, cfg.actor.ppo_micro_batch_tokens,

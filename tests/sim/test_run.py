@@ -120,3 +120,20 @@ def test_partial_rollout_with_threshold_zero_runs_with_nothing_to_interrupt(tmp_
     _, summary, steps = run(tmp_path, MODES["fully_async (b)"] + " async_training.partial_rollout=true")
     assert sum(r["training/responses"] for r in steps) == 32 * 4 * 4
     assert summary.partial_ratio == 0 and summary.version_lag_max == 0
+
+
+def test_the_run_plan_is_logged_once_saved_and_what_the_run_did(tmp_path):
+    """The start line and plan.json carry the numbers the run then follows: the updates recorded
+    are the plan's, for a pipeline that counts updates differently from steps (fully async)."""
+    extra = "pipeline=fully_async async_training.trigger_parameter_sync_step=1"
+    cfg = load_config(None, [*SMALL, *extra.split(), f"trainer.output_dir={tmp_path}"])
+    lines: list[str] = []
+    simulate(cfg, log=lines.append)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert (plan["prompts_per_update"], plan["total_prompts"], plan["updates"]) == (8, 128, 16)
+    assert [line for line in lines if line.startswith("plan: ")] == [
+        "plan: fully_async, 128 prompts = 16 updates x 8, 1 mini-batch(es) per update, 16 optimizer steps, "
+        "at most 8 prompts started per version, old log-probs: rollout"]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert max(r.get("training/global_step", 0) for r in rows) == plan["updates"]
+    assert (tmp_path / "config.yaml").is_file()  # beside the config it came from

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from asyncrl.config import load_config
+from asyncrl.scheduling.plan import plan_run
 from asyncrl.substrates.local import LocalSubstrate
 from asyncrl.types import GenerationRequest, SamplingParams
 from asyncrl.workers.handles import _worker_thread, blocking, share_worker_thread
@@ -48,7 +49,7 @@ def test_compute_threads_per_side(pipeline):
     substrate = LocalSubstrate()
     try:
         substrate.load_data(cfg, lambda _: None)
-        workers = substrate.build_workers(cfg, lambda _: None)
+        workers = substrate.build_workers(cfg, plan_run(cfg), lambda _: None)
         assert torch.get_num_threads() == 1, "the loop's thread runs torch single-threaded"
         engine_thread = _step_thread(workers.rollouts[0].engine)
         probe = _Probe()

@@ -15,6 +15,7 @@ import torch
 
 from asyncrl.config.schema import ActorConfig, AlgorithmConfig, Config, ModelConfig
 from asyncrl.rollout.engine import TorchEngine
+from asyncrl.scheduling.plan import plan_run
 from asyncrl.sync import ParameterSynchronizer, checksum, export_named
 from asyncrl.sync.transports import InProcessTransport
 from asyncrl.training.actor import Actor
@@ -78,7 +79,7 @@ def test_reference_model_is_the_base_model_without_adapters():
     cfg = Config(model=LORA, actor=replace(ACTOR, use_kl_loss=True))
     base = tiny_lm()
     want = {n: p.detach().clone() for n, p in base.named_parameters()}
-    trainer = build_trainer_side(cfg, base, SimpleNamespace(pad_token_id=0))
+    trainer = build_trainer_side(cfg, plan_run(cfg), base, SimpleNamespace(pad_token_id=0))
     assert isinstance(trainer, PPOTrainer) and trainer.ref is not None
     ref = dict(trainer.ref.model.named_parameters())
     assert ref.keys() == want.keys() and all(torch.equal(ref[n], want[n]) for n in want)
