@@ -1,9 +1,8 @@
-"""The parallelism planner in a run (SPEC §4, RollPacker): after each step, the rollout
-tensor-parallel size for the next one, from the step's KV-cache preemptions.
+"""The parallelism planner in a run (SPEC §4, RollPacker): after each batch, the rollout
+tensor-parallel size for the next one, from the batch's KV-cache preemptions.
 
     planner = Planner.from_config(ctx.cfg, ctx.log)      # None unless tp_planner.enable
-    ...
-    metrics |= await ctx.rollout.stats()                  # after_step already does this
+    ...                                                   # a batch is made; nothing is in flight
     if planner is not None:
         await planner.after_step(ctx.rollout, metrics)    # adds rollout/tp_size, rollout/preemptions_step
 
@@ -16,7 +15,8 @@ worker whose class defines `set_tensor_parallel(tp)`: the simulator's modelled e
 engine with tensor parallelism once it has one. The CPU torch engine cannot change TP: there the
 planner only reports the planned size, and says so once in the log.
 
-Not here: when a pipeline calls it (between steps, when nothing is in flight), the policy itself.
+Not here: when it is called (`batch_source.BatchSource.next`, as it hands out each batch, when
+nothing is in flight), the policy itself.
 """
 
 from __future__ import annotations
