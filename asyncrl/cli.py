@@ -27,7 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from asyncrl.config import field_docs, load_config
+from asyncrl.config import load_config
+from asyncrl.config.keys import described_docs
 from asyncrl.config.schema import Config
 from asyncrl.errors import AsyncRLError
 from asyncrl.preflight import preflight
@@ -165,7 +166,7 @@ COMMANDS = {
 
 def config_groups() -> str:
     """The config's sections and top-level keys with their one-line docs (every command's --help)."""
-    docs = field_docs(Config)
+    docs = described_docs(Config)
     lines = ["config groups (set as section.key=value; `asyncrl config` lists every key):"]
     for f in dataclasses.fields(Config):
         is_section = f.default is dataclasses.MISSING

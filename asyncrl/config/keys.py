@@ -37,13 +37,19 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def described_docs(cls: type) -> dict[str, str]:
+    """Field name -> its docstring, then the choices of its `Literal` type and its range."""
+    docs, hints = field_docs(cls), typing.get_type_hints(cls)
+    return {f.name: _described(docs.get(f.name, ""), hints[f.name], rule_of(f)) for f in dataclasses.fields(cls)}
+
+
 def _fields(node: Any, prefix: str) -> Iterator[tuple[str, Any, str, bool]]:
     """(dotted key, value, docs, is a section) of `node`'s fields, depth first."""
-    docs, hints = field_docs(type(node)), typing.get_type_hints(type(node))
+    docs = described_docs(type(node))
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         section = dataclasses.is_dataclass(value)
-        yield prefix + f.name, value, _described(docs.get(f.name, ""), hints[f.name], rule_of(f)), section
+        yield prefix + f.name, value, docs[f.name], section
         if section:
             yield from _fields(value, f"{prefix}{f.name}.")
 
