@@ -132,7 +132,9 @@ def test_every_command_has_help_listing_the_config_groups(capsys: pytest.Capture
     assert cli.main([command, "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: asyncrl {command} ")
-    for group, doc in [("rollout.*", "Generation."), ("actor.*", "Policy optimisation."), ("pipeline", "One of: colocated, one_step_off, fully_async.")]:
+    groups = [("rollout.*", "Generation."), ("actor.*", "Policy optimisation."),
+              ("pipeline", "One of: colocated, one_step_off, fully_async.")]
+    for group, doc in groups:
         assert any(line.split()[:1] == [group] and doc in line for line in out.splitlines()), group
     assert "--log-level" in out
 
