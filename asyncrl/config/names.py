@@ -44,6 +44,8 @@ OldLogProbs = Literal["auto", "recompute", "rollout"]
 """`actor.old_log_probs=`; the resolved source is `asyncrl.scheduling.old_log_probs.OldLogProbSource`."""
 OffPolicyCorrection = Literal["none", "token", "sequence"]
 SandboxBackend = Literal["auto", "bwrap", "rlimit", "http"]
+PackedAttention = Literal["auto", "varlen", "jagged", "grouped"]
+"""`model.packed_attention=`: the kernel for packed rows (`asyncrl.training.packed_attention.choose`)."""
 
 
 def choices(literal: Any) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from asyncrl.config.names import (
     LRSchedule,
     OffPolicyCorrection,
     OldLogProbs,
+    PackedAttention,
     Pipeline,
     PolicyLossName,
     Task,
@@ -58,6 +59,8 @@ class ModelConfig:
     """Recompute activations in the backward pass (less memory, about a third more compute)."""
     use_remove_padding: bool = True
     """Trainer runs each micro-batch's rows packed into one padding-free sequence (attention within each row)."""
+    packed_attention: PackedAttention = "auto"
+    """Packed rows' kernel: auto = varlen (CUDA, bf16/fp16), else jagged SDPA on CUDA, else grouped sdpa; or forced."""
 
 
 @dataclass(frozen=True)

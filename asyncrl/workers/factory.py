@@ -28,6 +28,7 @@ from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.critic import Critic
 from asyncrl.training.memory import enable_gradient_checkpointing
 from asyncrl.training.model import prepare_actor_model
+from asyncrl.training.packed_attention import use_packed_attention
 from asyncrl.types import PromptRow
 from asyncrl.workers.handles import share_worker_thread
 from asyncrl.workers.reward import RewardWorker
@@ -87,6 +88,8 @@ def build_trainer_side(cfg: Config, plan: RunPlan, model: PreTrainedModel | None
         model, tok = load_model(cfg.model, lambda _: None)
     cast(nn.Module, model).to(cfg.trainer.device)  # in place: float32 master weights (model.dtype: compute)
     dtype, pack = compute_dtype(cfg), cfg.model.use_remove_padding
+    if pack:  # before the copies below: reference, critic and actor keep the chosen kernel
+        use_packed_attention(model, cfg.model.packed_attention)
     ref = None
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, cfg.actor.ppo_micro_batch_tokens,

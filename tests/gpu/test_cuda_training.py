@@ -56,39 +56,67 @@ def qwen2_small() -> torch.nn.Module:
     return Qwen2ForCausalLM(config).cuda()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_rows_on_cuda_match_padded(dtype, monkeypatch):
-    """model.use_remove_padding on CUDA (the default there): bf16 runs FlashAttention over the
-    packed rows (torch's varlen_attn), float32 sdpa row by row; log-probs and gradients as padded."""
-    import torch.nn.attention.varlen as varlen
+def expected_path(path: str, dtype: torch.dtype) -> str:
+    """The path a packed call on this GPU takes: FlashAttention's varlen whenever this torch has
+    it and the call is half precision (auto or forced), nested jagged SDPA where torch has it."""
+    from asyncrl.training.attention_kernels import jagged_kernel, varlen_kernel
 
+    half = dtype == torch.bfloat16
+    if path in ("auto", "varlen") and varlen_kernel() is not None and half:
+        return "varlen"
+    if path in ("auto", "jagged") and jagged_kernel():
+        return "jagged"
+    return "grouped"
+
+
+PACKED_CASES = [("auto", torch.bfloat16), ("auto", torch.float32), ("jagged", torch.bfloat16),
+                ("jagged", torch.float32), ("grouped", torch.bfloat16)]
+
+
+@pytest.mark.parametrize(("path", "dtype"), PACKED_CASES,
+                         ids=[f"{p}-{str(d).removeprefix('torch.')}" for p, d in PACKED_CASES])
+def test_packed_rows_on_cuda_match_padded(path, dtype, monkeypatch):
+    """model.use_remove_padding on CUDA (the default there): bf16 runs FlashAttention over the
+    packed rows (torch's varlen_attn) whenever this torch has it, float32 nested jagged SDPA;
+    each path forced runs where it can; log-probs and gradients as padded."""
     from asyncrl.algorithms.logprobs import logprobs_from_logits
+    from asyncrl.training import packed_attention
     from asyncrl.training.actor import response_logits
     from asyncrl.training.batch import build_batch
     from asyncrl.training.packing import enable_packing
     from tests.training.test_packing import spread_groups
 
     calls = []
-    flash = varlen.varlen_attn
+    try:
+        import torch.nn.attention.varlen as varlen
+    except ImportError:
+        varlen = None
+    if varlen is not None:
+        flash = varlen.varlen_attn
 
-    @functools.wraps(flash)  # keeps the signature packed attention checks
-    def recording(*args, **kwargs):
-        calls.append(args[0].shape)
-        return flash(*args, **kwargs)
+        @functools.wraps(flash)  # keeps the signature the call is built from
+        def recording(*args, **kwargs):
+            calls.append(args[0].shape)
+            return flash(*args, **kwargs)
 
-    monkeypatch.setattr(varlen, "varlen_attn", recording)
+        monkeypatch.setattr(varlen, "varlen_attn", recording)
     batch = build_batch(spread_groups(), pad_id=0).to(torch.device("cuda"))
     results = []
     for pack in (False, True):
         model = qwen2_small()
         if pack:
+            packed_attention.use_packed_attention(model, path)
             enable_packing(model)
+            packed_attention.PATHS.clear()  # check_packing's float32 calls above
         out = response_logits(model, batch, dtype, pack=pack)
         log_prob = out.to_rows(logprobs_from_logits(out.logits, out.labels))
         (log_prob * batch.response_mask).sum().backward()
         grad = torch.cat([p.grad.flatten() for p in model.parameters()])
         results.append((log_prob.detach() * batch.response_mask, grad))
-    assert len(calls) == (2 if dtype == torch.bfloat16 else 0)  # one per layer
+    runs = expected_path(path, dtype)
+    layers = model.config.num_hidden_layers
+    assert packed_attention.PATHS == {runs: layers}
+    assert len(calls) == (layers if runs == "varlen" else 0)
     (padded, padded_grad), (packed, packed_grad) = results
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
     torch.testing.assert_close(packed, padded, **tol)
