@@ -3,6 +3,10 @@
 # machine with torch (CUDA), triton and transformers but no internet, Ray or asyncrl installed:
 #   bash bench/gpu_session.sh 1   # tests/gpu, engine bench, weight-sync bench
 #   bash bench/gpu_session.sh 2   # trainer bench, the three pipelines on one GPU, the simulator's prediction
+# Issue 23 (the trainer at peer efficiency), one call of at most 8 minutes and 7 files:
+#   bash bench/gpu_session.sh trainer   # varlen_attn's signature, tests/gpu, the trainer bench, colocated and
+#                                       # one_step_off with the device budget and with today's 8192 tokens
+#   TINY=1 bash bench/gpu_session.sh trainer   # the same steps on this CPU at tiny sizes: checks the script
 # Prepared here (CPU) before the session, with the device tool's `carry`: .whl (math-verify and its
 # two pure-Python needs, absent there) and .cache (the warmed-up tiny model, so nothing rebuilds it):
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --platform any -d .whl \
@@ -11,7 +15,7 @@
 # Results land in $OUT (the device tool brings that folder back), else bench/results/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage="${1:?stage 1 or 2}"
+stage="${1:?stage 1, 2 or trainer}"
 out="${OUT:-bench/results/gpu}"
 mkdir -p "$out"
 if [ -d .whl ]; then
@@ -21,7 +25,11 @@ else
   export PYTHONPATH="$PWD"
 fi
 export PYTHONUNBUFFERED=1 ASYNCRL_CACHE="$PWD/.cache/asyncrl" ASYNCRL_TEST_CACHE="$PWD/.cache/asyncrl"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+else
+  echo "no nvidia-smi" | tee "$out/gpu.txt"
+fi
 python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)" \
   | tee -a "$out/gpu.txt"
 status=0
@@ -34,11 +42,38 @@ step() {  # name, seconds, command...: a step's failure is recorded, the next st
   echo "=== $name: rc=$rc in $((SECONDS - t0))s"
   [ "$rc" = 0 ] || status=1
 }
+trainer_stage() {  # issue 23; every step capped so that the stage ends within 8 minutes of the script's start
+  local deadline=470 tiny="${TINY:-0}" bench=(--device cuda --time-budget-s 70)
+  local pipes=(--gpu --steps 4 --prompts 32 --n 8 --max-len 1024 --timeout-s 70) workers=4
+  if [ "$tiny" = 1 ]; then
+    bench=(--device cpu --rows 8 --steps 1 --time-budget-s 20) workers=0
+    pipes=(--steps 1 --prompts 2 --n 2 --max-len 8 --timeout-s 120)
+    [ -d .cache/asyncrl ] || export ASYNCRL_CACHE="$HOME/.cache/asyncrl" ASYNCRL_TEST_CACHE="$HOME/.cache/asyncrl"
+    echo "what travels to the device (tracked + untracked files, without .whl/.cache):" \
+      "$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes (limit 64 MiB)"
+  fi
+  capped() { local want="$1" left=$((deadline - SECONDS)); echo $((want < left ? want : (left > 1 ? left : 1))); }
+  python3 -c "import inspect, torch
+try:
+    from torch.nn.attention.varlen import varlen_attn
+    print('varlen_attn', inspect.signature(varlen_attn))
+except ImportError as e:
+    print('torch', torch.__version__, 'has no varlen_attn:', e)" 2>&1 | tee -a "$out/gpu.txt"
+  step gpu_tests "$(capped 100)" python3 -m pytest -q -p no:cacheprovider -n "$workers" tests/gpu
+  step trainer "$(capped 90)" python3 bench/trainer_throughput.py "${bench[@]}" --out "$out/trainer_throughput.jsonl"
+  # the device budget first (the target), then today's 8192 tokens: both fresh runs, written as they finish
+  step pipelines "$(capped 300)" bash -c "python3 bench/pipelines.py ${pipes[*]} --only colocated,one_step_off \
+    --runs-dir /tmp/gpu-runs --out '$out/pipelines_device_budget.json'; python3 bench/pipelines.py ${pipes[*]} \
+    --only colocated,one_step_off --micro-tokens 8192 --runs-dir /tmp/gpu-runs --out '$out/pipelines_8192.json'"
+  echo "=== trainer stage done at ${SECONDS}s; files in $out: $(ls "$out" | wc -l)"
+}
 if [ "$stage" = 1 ]; then
   step gpu_tests 150 python3 -m pytest -q -x -p no:cacheprovider tests/gpu
   step gpu_engine 150 python3 bench/gpu_engine.py --device cuda --out "$out/gpu_engine.json"
   step weight_sync 60 python3 bench/weight_sync.py --device cuda --dtype bfloat16 --models qwen05b \
     --transports inprocess,ipc --repeats 5 --out "$out/weight_sync_gpu.json"
+elif [ "$stage" = trainer ]; then
+  trainer_stage
 else
   step trainer 120 python3 bench/trainer_throughput.py --device cuda --out "$out/trainer_throughput.json"
   step pipelines 240 python3 bench/pipelines.py --gpu --steps 4 --prompts 32 --n 8 --max-len 1024 \

@@ -16,11 +16,35 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS, IMG = ROOT / "bench/results", ROOT / "docs/img"
 PIPELINE_ORDER = ("colocated", "one_step_off", "fully_async")
+TRAINER_TEXT = [
+    "## Trainer throughput, one configuration at a time (`bench/trainer_throughput.py`)", "",
+    "`Actor.train_step` on random long-tailed rows, the actor built by the run's own factory from the device's "
+    "defaults plus each configuration's overrides (so it runs the budget, attention path and precision a run "
+    "resolves). The defaults run first whatever `--time-budget-s`; the A/B configurations (grouped attention at "
+    "CALL_COST 8192, budget 8192, autocast, compiled, checkpointing, padded) run while the longest configuration so "
+    "far still fits, else they are listed as skipped, as is one whose key this tree lacks. MFU (verl) is verl's "
+    "estimate (6 x params with embedding and head x tokens + 12 x sum s^2 attention) over the GPU's bf16 peak; "
+    "MFU (executed) counts what runs (no embedding, the head on response tokens only, causal attention pairs, "
+    "recomputation under checkpointing: `telemetry.perf.executed_training_flops`). Forward is the step minus every "
+    "`Tensor.backward` and `optimizer.step` (CUDA events on a GPU). On a CPU, memory is the process's peak RSS. "
+    "The GPU table comes from `bash bench/gpu_session.sh trainer` (docs/gpu.md).",
+]
 
 
 def load(name: str) -> Any:
     path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def last_run(name: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """The newest run in a JSON-lines results file (appended run after run): its meta line and
+    the rows after it; None when the file is absent."""
+    path = RESULTS / f"{name}.jsonl"
+    if not path.exists():
+        return None
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    start = max(i for i, r in enumerate(lines) if "meta" in r)
+    return lines[start]["meta"], lines[start + 1:]
 
 
 def f(v: float | None, digits: int = 2) -> str:
@@ -298,6 +322,31 @@ def _fault_rows(s: dict[str, Any], parts: dict[str, Any], cfg: dict[str, Any]) -
     return out
 
 
+def trainer_section(run: tuple[dict[str, Any], list[dict[str, Any]]] | None, device: str) -> list[str]:
+    """One run of bench/trainer_throughput.py: a row per configuration, skipped ones with why."""
+    if run is None:
+        return [f"_not run yet on {device}: `python bench/trainer_throughput.py --device {device}`_"]
+    meta, rows = run
+    w = meta["workload"]
+    pct = lambda v: "–" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    out = [f"Command: `{meta['command']}` ({meta['device']}, torch {meta['torch']}): {w['rows']} rows, "
+           f"{w['real_tokens']:,} real tokens (median row {w['row_tokens_median']:.0f}, "
+           f"longest {w['row_tokens_max']}).", "",
+           "| configuration | tokens/s | step s | forward / backward / optimizer s | MFU (verl) | MFU (executed) "
+           "| TFLOP/s executed | peak GiB | micro-batch tokens | attention |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] != "ran":
+            out.append(f"| {r['config']} | skipped: {r['reason']} | | | | | | | | |")
+            continue
+        split = " / ".join(f"{r[k]:.3f}" for k in ("forward_s_median", "backward_s_median", "optimizer_s_median"))
+        memory = r.get("peak_memory_gb", r.get("peak_rss_gb"))
+        out.append(f"| {r['config']} | {r['tokens_per_s']:,.0f} | {r['step_s_median']:.3f} | {split} | "
+                   f"{pct(r['mfu_verl'])} | {pct(r['mfu_executed'])} | {r['tflops_executed']:.2f} | {memory:.2f} | "
+                   f"{r['micro_batch_tokens']} | {r['attention_path']} |")
+    return out
+
+
 def _busy_loop_rows(p: dict[str, Any] | None) -> list[str]:
     if not p:
         return []
@@ -367,6 +416,8 @@ def main() -> None:
         *long_tail_sim_section(load("long_tail_sim")), "",
         "## Long-tail remedies on this CPU (tiny model, real engine)", "",
         *long_tail_cpu_section(load("long_tail_cpu")), "",
+        *TRAINER_TEXT, "", *trainer_section(last_run("trainer_throughput_cpu"), "cpu"), "",
+        *trainer_section(last_run("trainer_throughput"), "cuda"), "",
     ]
     (ROOT / "docs/benchmarks.md").write_text("\n".join(parts))
 

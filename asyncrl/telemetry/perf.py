@@ -8,6 +8,8 @@ Pure functions over a step's metrics and token counts, following verl
   6 x dense params x tokens (forward 2, backward 4) plus the attention term
   12 x sum(seqlen^2) x head_dim x heads x layers, per PPO epoch; dense params are the linear
   layers plus embedding and head (vocab x hidden x 2), as verl counts them, LoRA or not;
+  `executed_training_flops` counts what this trainer runs instead (no embedding term, the head
+  on response tokens only, causal attention pairs), the numerator of the benches' second MFU;
 - `perf/max_memory_allocated_gb` / `perf/max_memory_reserved_gb` (CUDA's peaks), or on CPU the
   process's peak RSS as `perf/max_memory_allocated_gb`; `perf/cpu_memory_used_gb` is the
   process's current RSS (verl reports the machine's used memory there).
@@ -68,12 +70,17 @@ def dense_params(shape: ModelShape) -> int:
 
     Example: hidden 8, intermediate 16, 2 layers, 2 heads (2 kv), head_dim 4, vocab 10:
     mlp 384 + attn 8 x (8 + 8 + 8 + 8) = 256 per layer -> 2 x 640 + 160 = 1440."""
+    return layer_params(shape) + 2 * shape.vocab_size * shape.hidden_size
+
+
+def layer_params(shape: ModelShape) -> int:
+    """The decoder layers' matrix parameters: gated MLP and q/k/v/o projections (1280 above)."""
     s = shape
     q = s.num_heads * s.head_dim
     kv = s.num_kv_heads * s.head_dim
     mlp = 3 * s.hidden_size * s.intermediate_size
     attn = s.hidden_size * (q + 2 * kv + q)
-    return (mlp + attn) * s.num_layers + 2 * s.vocab_size * s.hidden_size
+    return (mlp + attn) * s.num_layers
 
 
 def training_flops(shape: ModelShape, seq_lens: Sequence[int]) -> float:
@@ -83,6 +90,25 @@ def training_flops(shape: ModelShape, seq_lens: Sequence[int]) -> float:
     = 69120 + 6528 = 75648."""
     attention = 12 * sum(n * n for n in seq_lens) * shape.head_dim * shape.num_heads * shape.num_layers
     return 6.0 * dense_params(shape) * sum(seq_lens) + attention
+
+
+def executed_training_flops(shape: ModelShape, seq_lens: Sequence[int], response_lens: Sequence[int],
+                            recompute: bool = False) -> float:
+    """FLOPs a forward + backward of this trainer executes over these sequences, unlike verl's
+    estimate: no embedding term (a lookup, and its backward a scatter-add), the head only on the
+    response tokens it predicts (`logits_to_keep`), causal attention over s(s+1)/2 token pairs per
+    row (what a causal kernel computes) instead of s^2. `recompute` (activation checkpointing):
+    the layers' forward runs twice, 8 FLOPs per parameter and token instead of 6. Full
+    fine-tuning: a LoRA model skips its frozen weights' gradients, which this still counts.
+
+    Example (the shape above, sequences of 3 and 5 tokens with responses of 1 and 2):
+    layers 6 x 1280 x 8 = 61440, head 6 x 10 x 8 x 3 = 1440, attention 12 x (6 + 15) x 4 x 2 x 2
+    = 4032: 66912 (verl's: 75648); recomputed: 8 x 1280 x 8 + 1440 + 16 x 21 x 16 = 88736."""
+    per_token = 8.0 if recompute else 6.0
+    pairs = sum(n * (n + 1) // 2 for n in seq_lens)
+    attention = 2 * per_token * pairs * shape.head_dim * shape.num_heads * shape.num_layers
+    head = 6.0 * shape.vocab_size * shape.hidden_size * sum(response_lens)
+    return per_token * layer_params(shape) * sum(seq_lens) + head + attention
 
 
 def peak_flops(device_name: str) -> float | None:

@@ -14,6 +14,7 @@ from asyncrl.telemetry.perf import (
                                     ModelShape,
                                     actor_mfu,
                                     dense_params,
+                                    executed_training_flops,
                                     memory_metrics,
                                     peak_flops,
                                     run_devices,
@@ -35,6 +36,14 @@ def test_flops_follow_verls_estimate():
     assert dense_params(SHAPE) == 2 * (384 + 256) + 160
     # 6 x 1440 x (3 + 5) + 12 x (9 + 25) x 4 x 2 x 2
     assert training_flops(SHAPE, [3, 5]) == pytest.approx(69120 + 6528, rel=1e-12, abs=1e-9)
+
+
+def test_executed_flops_skip_the_embedding_and_count_the_head_on_responses_only():
+    # layers 6 x 1280 x 8, head 6 x 10 x 8 x (1 + 2), causal pairs 3*4/2 + 5*6/2 = 21: 12 x 21 x 4 x 2 x 2
+    assert executed_training_flops(SHAPE, [3, 5], [1, 2]) == pytest.approx(61440 + 1440 + 4032, rel=1e-12, abs=1e-9)
+    # checkpointing recomputes the layers' forward (8 per parameter-token), not the head
+    assert executed_training_flops(SHAPE, [3, 5], [1, 2], recompute=True) == pytest.approx(
+        81920 + 1440 + 5376, rel=1e-12, abs=1e-9)
 
 
 def test_grouped_query_attention_counts_fewer_kv_parameters():
