@@ -5,7 +5,7 @@
 #   bash bench/gpu_session.sh 2   # trainer bench, the three pipelines on one GPU, the simulator's prediction
 # Issue 23 (the trainer at peer efficiency), one call of at most 8 minutes and 7 files:
 #   bash bench/gpu_session.sh trainer   # varlen_attn's signature, tests/gpu, the trainer bench, colocated and
-#                                       # one_step_off with the device budget and with today's 8192 tokens
+#                                       # one_step_off: the new path, then today's (grouped, 8192 tokens)
 #   TINY=1 bash bench/gpu_session.sh trainer   # the same steps on this CPU at tiny sizes: checks the script
 # Prepared here (CPU) before the session, with the device tool's `carry`: .whl (math-verify and its
 # two pure-Python needs, absent there) and .cache (the warmed-up tiny model, so nothing rebuilds it):
@@ -61,10 +61,12 @@ except ImportError as e:
     print('torch', torch.__version__, 'has no varlen_attn:', e)" 2>&1 | tee -a "$out/gpu.txt"
   step gpu_tests "$(capped 100)" python3 -m pytest -q -p no:cacheprovider -n "$workers" tests/gpu
   step trainer "$(capped 90)" python3 bench/trainer_throughput.py "${bench[@]}" --out "$out/trainer_throughput.jsonl"
-  # the device budget first (the target), then today's 8192 tokens: both fresh runs, written as they finish
+  # the new path first (the target: auto attention, the device budget), then today's (grouped attention, 8192
+  # tokens): every configuration a fresh run, written as it finishes
   step pipelines "$(capped 300)" bash -c "python3 bench/pipelines.py ${pipes[*]} --only colocated,one_step_off \
     --runs-dir /tmp/gpu-runs --out '$out/pipelines_device_budget.json'; python3 bench/pipelines.py ${pipes[*]} \
-    --only colocated,one_step_off --micro-tokens 8192 --runs-dir /tmp/gpu-runs --out '$out/pipelines_8192.json'"
+    --only colocated,one_step_off --micro-tokens 8192 --override model.packed_attention=grouped \
+    --runs-dir /tmp/gpu-runs --out '$out/pipelines_8192.json'"
   echo "=== trainer stage done at ${SECONDS}s; files in $out: $(ls "$out" | wc -l)"
 }
 if [ "$stage" = 1 ]; then
