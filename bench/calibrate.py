@@ -61,10 +61,12 @@ ROWS = {  # GPUs: SPEC §6 per-phase seconds of colocated steps
 }
 # The 16-GPU row is the one-step-off recipe's baseline: n=12, 20K max response, 16 GPUs on 2 nodes.
 # The recipe's rollout TP (gen_tp=2), vLLM memory share (0.80) and token-per-GPU micro-batches
-# (ppo_max_token_len_per_gpu = 2 x (max prompt + max response)), for both of its runs.
+# (ppo_max_token_len_per_gpu = 2 x (max prompt + max response); the log-prob passes with the same
+# budget, as the profile was fitted), for both of its runs.
 ROW_KEYS = {16: ["rollout.n=12", "data.max_response_length=20480", "trainer.nnodes=2",
                  "rollout.tensor_model_parallel_size=2", "sim.gpu_memory_utilization=0.8",
-                 "actor.ppo_micro_batch_tokens=45056", "sim.fsdp_size=2"]}
+                 "actor.ppo_micro_batch_tokens=45056", "actor.log_prob_micro_batch_tokens=45056",
+                 "sim.fsdp_size=2"]}
 WAKE_S = 321.0 - 247.0  # the 16-GPU colocated run's gen minus its generate_sequences (one_step_off README)
 FSDP_28K = "sim.fsdp_size=32"  # verl's DAPO 7B recipe; the 28K rows' scripts are not published
 # SPEC §6: P75 of response length 755-1.1K tokens in these DAPO runs; with sigma 0.9 the P75 is

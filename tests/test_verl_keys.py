@@ -57,6 +57,7 @@ def dapo(env: dict[str, str], exp: str, **more: Any) -> dict[str, Any]:
             "algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": False, "algorithm.kl_ctrl.kl_coef": 0.0,
             "actor.use_kl_loss": False, "actor.kl_loss_coef": 0.0, "actor.clip_ratio_low": 0.2,
             "actor.clip_ratio_high": 0.28, "actor.clip_ratio_c": 10.0, "actor.ppo_micro_batch_tokens": 20480,
+            "actor.log_prob_micro_batch_tokens": 30720,
             "model.path": f"{home}/verl/models/Qwen2.5-Math-7B", "actor.lr": 1e-6, "actor.warmup_steps": 10,
             "actor.weight_decay": 0.1, "actor.ppo_mini_batch_size": 32, "actor.entropy_coeff": 0.0,
             "actor.grad_clip": 1.0, "actor.loss_agg_mode": "token-mean", "rollout.temperature": 1.0,
@@ -86,6 +87,7 @@ EXPECTED = {
         "data.max_response_length": 1024, "model.path": f"{env['HOME']}/verl/models/Qwen3-0.6B", "actor.lr": 1e-6,
         "actor.warmup_steps": -1, "actor.warmup_ratio": 0.0, "actor.weight_decay": 0.01,
         "actor.ppo_mini_batch_size": 192, "actor.ppo_micro_batch_tokens": 32 * (512 + 1024),
+        "actor.log_prob_micro_batch_tokens": 32 * (512 + 1024),
         "actor.use_kl_loss": True, "actor.kl_loss_coef": 0.001, "actor.kl_loss_type": "low_var_kl",
         "actor.entropy_coeff": 0.0, "model.enable_gradient_checkpointing": True,
         "rollout.tensor_model_parallel_size": 2, "rollout.n": 5, "algorithm.use_kl_in_reward": False,
@@ -109,6 +111,7 @@ EXPECTED = {
     "fully_async__dapo_7b_math_fsdp2_64_64_mis.sh": lambda env: fully_async(
         env, "dapo_qwen2-7B-math_28k_fsdp2_fully-async_64-64", **{
             "data.max_response_length": 28 * 1024, "actor.ppo_micro_batch_tokens": (2048 + 28 * 1024) * 2,
+            "actor.log_prob_micro_batch_tokens": (2048 + 28 * 1024) * 3,
             "rollout.tensor_model_parallel_size": 4, "rollout.total_rollout_steps": 512 * 400,
             "trainer.test_freq": 0, "rollout.test_freq": 20, "async_training.staleness_threshold": 0.5,
             "trainer.nnodes": 8, "trainer.n_gpus_per_node": 8, "rollout.nnodes": 8, "rollout.n_gpus_per_node": 8,
@@ -212,6 +215,22 @@ def test_every_target_of_the_table_exists() -> None:
 def test_verl_keys_map_to_ours(override: str, expected: dict[str, Any]) -> None:
     cfg = load_config(None, [override])
     assert {key: value_at(cfg, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("overrides, tokens", [
+    (["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=9000",
+      "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=7000"], 7000),  # one budget for both passes: the smaller
+    (["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+      "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=9000"], 9000),
+    (["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=9000"], 0),  # no dynamic batch size: not read
+    (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "data.max_prompt_length=100",
+      "data.max_response_length=400"], 4 * 500),  # sequences x the longest row
+    (["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=5000"], 0),
+    (["actor.log_prob_micro_batch_tokens=3000", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+      "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=9000"], 3000),  # ours wins over verl's
+])
+def test_verls_forward_only_budget_maps_to_ours(overrides: list[str], tokens: int) -> None:
+    assert load_config(None, overrides).actor.log_prob_micro_batch_tokens == tokens
 
 
 def test_specific_clip_ratios_win_over_verls_clip_ratio() -> None:

@@ -156,8 +156,10 @@ class ActorConfig:
     """Passes over each batch."""
     ppo_mini_batch_size: int = knob(16, ">= 1")
     """Prompts per optimizer step (global)."""
-    ppo_micro_batch_tokens: int = knob(8192, ">= 1")
-    """Token budget of one forward/backward micro-batch."""
+    ppo_micro_batch_tokens: int = knob(0, ">= 0", hint="0 derives it from the device")
+    """Token budget of one forward/backward micro-batch (0 = derived: 8192 on CPU, on CUDA from memory and model)."""
+    log_prob_micro_batch_tokens: int = knob(0, ">= 0", hint="0 is twice the training budget")
+    """Token budget of one forward-only micro-batch: old/ref log-probs, values (0 = twice ppo_micro_batch_tokens)."""
     policy_loss: PolicyLossName = "vanilla"
     """Policy loss (vanilla = PPO clip)."""
     clip_ratio_low: float = knob(0.2, ">= 0")

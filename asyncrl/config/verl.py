@@ -3,7 +3,8 @@
 A verl recipe's command line (`actor_rollout_ref.actor.optim.lr=1e-6 data.train_batch_size=512
 +reward_model.reward_kwargs.x=1 ...`) works in `asyncrl train` and `asyncrl sim` as it is:
 `TABLE` maps each verl key asyncrl models to our key(s), converting where units or sentinels
-differ (`trainer.test_freq=-1` -> 0, `ppo_max_token_len_per_gpu` -> `actor.ppo_micro_batch_tokens`);
+differ (`trainer.test_freq=-1` -> 0, `ppo_max_token_len_per_gpu` -> `actor.ppo_micro_batch_tokens`,
+`log_prob_max_token_len_per_gpu` -> `actor.log_prob_micro_batch_tokens`);
 `NOT_MODELLED` lists the verl keys (and subtrees) we knowingly do not model. Those are named in
 one warning (logger `asyncrl.config`), never silently dropped; a key in neither list and not
 ours is the usual unknown-key error. `translate` does the mapping; `config.load_config` calls it.
@@ -148,6 +149,13 @@ TABLE: dict[str, To] = {
     R + "mode": always("async"),  # asyncrl's engines are servers taking requests as they come
     R + "calculate_log_probs": always(True),  # the engine always returns behaviour log-probs
     R + "free_cache_engine": always(False),
+    # the forward-only budget, per pass: rollout.* for the old log-probs, ref.* for the reference
+    R + "log_prob_max_token_len_per_gpu": to("@log_prob_max_token_len.rollout"),
+    R + "log_prob_micro_batch_size_per_gpu": to("@log_prob_micro_batch_sequences.rollout"),
+    R + "log_prob_use_dynamic_bsz": to("@log_prob_dynamic_bsz.rollout"),
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": to("@log_prob_max_token_len.ref"),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": to("@log_prob_micro_batch_sequences.ref"),
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": to("@log_prob_dynamic_bsz.ref"),
     "actor_rollout_ref.hybrid_engine": to("@hybrid_engine"),
     "algorithm.rollout_correction.rollout_is": to("actor.off_policy_correction",
                                                   convert=lambda v: "none" if v is None else v),
@@ -207,7 +215,6 @@ actor_rollout_ref.rollout: name prompt_length response_length dtype enforce_eage
 actor_rollout_ref.rollout: cudagraph_capture_sizes data_parallel_size expert_parallel_size max_num_batched_tokens
 actor_rollout_ref.rollout: pipeline_model_parallel_size max_model_len enable_chunked_prefill enable_prefix_caching
 actor_rollout_ref.rollout: logprobs_mode scheduling_policy load_format log_prob_micro_batch_size disable_log_stats
-actor_rollout_ref.rollout: log_prob_micro_batch_size_per_gpu log_prob_use_dynamic_bsz log_prob_max_token_len_per_gpu
 actor_rollout_ref.rollout: over_sample_rate multi_stage_wake_up skip_rollout skip_dump_dir skip_tokenizer_init
 actor_rollout_ref.rollout: enable_rollout_routing_replay quantization quantization_config_file mtp layered_summon
 actor_rollout_ref.rollout.val_kwargs: top_k top_p
@@ -332,6 +339,7 @@ def _derive(t: Translation, entry: str | None) -> None:
     for key, value in t.weak.items():
         v.setdefault(key, value)
     _micro_batch(v, held)
+    _log_prob_micro_batch(v, held)
     _pipeline(t, entry)
     if v.get("data.train_batch_size") == 0 and t.uses_verl_names:  # fully async: one update's prompts
         v["data.train_batch_size"] = _get(v, "actor.ppo_mini_batch_size") * _get(v, "async_training.require_batches")
@@ -362,6 +370,25 @@ def _micro_batch(v: dict[str, Any], held: dict[str, Any]) -> None:
     elif held.get("@micro_batch_sequences"):
         longest = _get(v, "data.max_prompt_length") + _get(v, "data.max_response_length")
         v["actor.ppo_micro_batch_tokens"] = held["@micro_batch_sequences"] * longest
+
+
+def _log_prob_micro_batch(v: dict[str, Any], held: dict[str, Any]) -> None:
+    """verl's forward-only budget of each pass (rollout.*: old log-probs, ref.*: the reference),
+    as `_micro_batch` reads the training one (log_prob_use_dynamic_bsz defaults to the actor's
+    use_dynamic_bsz); ours is one budget for both passes: the smaller. Where verl's keys leave it
+    unset (verl then uses the training budget) ours stays 0: twice the training budget."""
+    if "actor.log_prob_micro_batch_tokens" in v:
+        return
+    longest = _get(v, "data.max_prompt_length") + _get(v, "data.max_response_length")
+    budgets = []
+    for p in ("rollout", "ref"):
+        dynamic = held.get(f"@log_prob_dynamic_bsz.{p}", held.get("@dynamic_bsz"))
+        if dynamic and f"@log_prob_max_token_len.{p}" in held:
+            budgets.append(held[f"@log_prob_max_token_len.{p}"])
+        elif not dynamic and held.get(f"@log_prob_micro_batch_sequences.{p}"):
+            budgets.append(held[f"@log_prob_micro_batch_sequences.{p}"] * longest)
+    if budgets:
+        v["actor.log_prob_micro_batch_tokens"] = min(budgets)
 
 
 def _pipeline(t: Translation, entry: str | None) -> None:

@@ -1,6 +1,7 @@
 """Build a run from the config on a substrate: its run directory (`rundir`), this process's
-seeds, the run plan (`scheduling.plan`: logged in one start line, saved as `plan.json` beside
-the `config.yaml` it came from), the data and prompt stream in the driver, the workers (as their roles) behind one
+seeds, the data and prompt stream in the driver, the run plan (`scheduling.plan`: on CUDA sized
+by the device's memory and the model's shape; logged in one start line, saved as `plan.json`
+beside the `config.yaml` it came from), the workers (as their roles) behind one
 `RolloutRouter`, the weight synchronizer and the trace, in one `RunContext`. Every substrate
 (local, processes, ray, sim) goes through `build_context`.
 """
@@ -11,7 +12,7 @@ import json
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from asyncrl.pipelines.ledger import SampleLedger
 from asyncrl.pipelines.router import RolloutRouter
 from asyncrl.pipelines.rundir import prepare_run
 from asyncrl.pipelines.stopping import StopControl
+from asyncrl.scheduling.micro_budget import ModelShape, TrainerDevice
 from asyncrl.scheduling.plan import plan_run
 from asyncrl.sync import ParameterSynchronizer
 from asyncrl.telemetry.loggers import Tracker, make_tracker
@@ -47,10 +49,10 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = log_line,
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
-    plan = plan_run(cfg, substrate.device)
+    data = substrate.load_data(cfg, log)
+    plan = plan_run(cfg, substrate.device, trainer_device(cfg, data.model_config))
     log(plan.line())
     (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
-    data = substrate.load_data(cfg, log)
     workers = substrate.build_workers(cfg, plan, log)
     router = RolloutRouter(workers.rollouts, cfg.rollout.max_restarts, log=log)
     sync = ParameterSynchronizer(workers.trainer, workers.rollouts, workers.transport, on_transfer=router.rejoin)
@@ -61,6 +63,17 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = log_line,
                       trace=Trace(max_events=substrate.trace_max_events), ledger=SampleLedger(out / "samples.jsonl"),
                       stop=StopControl(cfg.trainer.stop_timeout_s, log), close=workers.close, log=log,
                       resume_from=resume_from)
+
+
+def trainer_device(cfg: Config, model_config: Any) -> TrainerDevice | None:
+    """What sizes a CUDA trainer's micro-batches: the memory of this process's first GPU (the
+    trainer's, or one like it under Ray) and the model's shape; None off CUDA, where no GPU is
+    visible here, or for a model config without the sizes (the plan then keeps the CPU's budget)."""
+    shape = ModelShape.from_hf(model_config) if model_config is not None else None
+    if cfg.trainer.device != "cuda" or shape is None or not torch.cuda.is_available():
+        return None
+    # the total from the properties, not mem_get_info, which would need a CUDA context in the driver
+    return TrainerDevice(torch.cuda.get_device_properties(0).total_memory, shape)
 
 
 def seed_everything(seed: int) -> None:

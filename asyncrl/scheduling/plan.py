@@ -1,11 +1,12 @@
 """The run's derived numbers, computed once from the configuration: how many prompts make an
 update, how many updates and optimizer steps the run takes, the staleness budget, where PPO's old
-log-probs come from. `build_context` computes the plan, logs it in one start line and saves it
-beside `config.yaml`; the pipelines, the worker factory and the simulator read it instead of
-re-deriving from the config.
+log-probs come from, the micro-batch token budgets (`scheduling.micro_budget`). `build_context`
+computes the plan, logs it in one start line and saves it beside `config.yaml`; the pipelines,
+the worker factory and the simulator read it instead of re-deriving from the config.
 
 Pure: the one scheduling module that reads a `Config`, because the plan is the whole run's; no
-I/O, no devices (the device is an argument: the simulator's profile has its own).
+I/O, no devices (the device is an argument: the simulator's profile has its own; a CUDA
+trainer's memory and model shape are read by the caller and passed in as a `TrainerDevice`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.scheduling.batching import num_mini_batches, prompts_per_update
+from asyncrl.scheduling.micro_budget import (
+    CPU_MICRO_BATCH_TOKENS,
+    GiB,
+    TrainerDevice,
+    TrainerLoad,
+    activation_bytes_per_token,
+    cuda_micro_batch_tokens,
+    micro_batch_budgets,
+    trainer_bytes,
+)
 from asyncrl.scheduling.old_log_probs import PASS_SOURCES, OldLogProbSource, old_log_prob_source
 from asyncrl.scheduling.staleness import StalenessBudget
 
@@ -46,6 +57,12 @@ class RunPlan:
     """Staleness budget: prompts the rollout may start per weight version (fully async), else prompts per update."""
     old_log_probs: OldLogProbSource
     """Where PPO's old log-probs come from (`scheduling.old_log_probs`)."""
+    micro_batch_tokens: int
+    """Tokens of one training micro-batch (`actor.ppo_micro_batch_tokens`, 0: derived)."""
+    log_prob_micro_batch_tokens: int
+    """Tokens of one forward-only micro-batch: old and reference log-probs, critic values."""
+    micro_batch_basis: str
+    """Where the training budget came from: "set", "default" or how it was sized."""
 
     @property
     def old_log_prob_pass(self) -> bool:
@@ -59,14 +76,18 @@ class RunPlan:
                   if self.pipeline == "fully_async" else "")
         return (f"plan: {self.pipeline}, {self.total_prompts} prompts = {self.updates} updates x "
                 f"{self.prompts_per_update}, {self.mini_batches} mini-batch(es) per update, "
-                f"{self.optimizer_steps} optimizer steps{sync}{budget}, old log-probs: {self.old_log_probs}")
+                f"{self.optimizer_steps} optimizer steps{sync}{budget}, old log-probs: {self.old_log_probs}, "
+                f"micro-batches of {self.micro_batch_tokens} tokens ({self.micro_batch_basis}), "
+                f"{self.log_prob_micro_batch_tokens} forward-only")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def plan_run(cfg: Config, device: str | None = None) -> RunPlan:
-    """The plan of `cfg`, on `device` (default `trainer.device`; the simulator passes its profile's)."""
+def plan_run(cfg: Config, device: str | None = None, trainer_device: TrainerDevice | None = None) -> RunPlan:
+    """The plan of `cfg`, on `device` (default `trainer.device`; the simulator passes its
+    profile's); `trainer_device`: a CUDA trainer's memory and model shape, which size the
+    micro-batch budgets left at 0."""
     a = cfg.actor
     fully_async = cfg.pipeline == "fully_async"
     steps, batch = cfg.trainer.total_training_steps, cfg.data.train_batch_size
@@ -85,4 +106,41 @@ def plan_run(cfg: Config, device: str | None = None) -> RunPlan:
         one_step=a.ppo_epochs == 1 and a.ppo_mini_batch_size >= batch, kl_in_reward=cfg.algorithm.use_kl_in_reward,
         exact_rollout=exact, use_rollout_log_probs=cfg.async_training.use_rollout_log_probs,
         off_policy_correction=a.off_policy_correction)
-    return RunPlan(cfg.pipeline, per_update, total, updates, minis, optimizer_steps, per_sync, per_version, source)
+    budgets = _micro_batch_budgets(cfg, device or cfg.trainer.device, trainer_device)
+    return RunPlan(cfg.pipeline, per_update, total, updates, minis, optimizer_steps, per_sync, per_version, source,
+                   *budgets)
+
+
+def _micro_batch_budgets(cfg: Config, device: str, trainer_device: TrainerDevice | None) -> tuple[int, int, str]:
+    """(training, forward-only, basis): the keys where set, else sized for a CUDA trainer from
+    its memory, else `CPU_MICRO_BATCH_TOKENS` (the CPU, the simulator, or CUDA when the device or
+    the model's shape is unknown)."""
+    a = cfg.actor
+    derived, basis = CPU_MICRO_BATCH_TOKENS, "set" if a.ppo_micro_batch_tokens else "default"
+    if not a.ppo_micro_batch_tokens and device == "cuda":
+        if trainer_device is None:
+            basis = "default: the device's memory or the model's shape unknown"
+        else:
+            share = cfg.rollout.gpu_memory_utilization if engine_shares_trainer_device(cfg) else 0.0
+            load = trainer_load(cfg)
+            derived = cuda_micro_batch_tokens(trainer_device, share, load)
+            per_token = activation_bytes_per_token(trainer_device.shape, compute_bytes=load.compute_bytes,
+                                                   checkpointing=load.checkpointing)
+            basis = (f"sized: {trainer_bytes(trainer_device.total_bytes, share) / GiB:.1f} GiB left to the "
+                     f"trainer, {per_token / 2**20:.2f} MiB per token")
+    return (*micro_batch_budgets(a.ppo_micro_batch_tokens, a.log_prob_micro_batch_tokens, derived), basis)
+
+
+def engine_shares_trainer_device(cfg: Config) -> bool:
+    """Whether a rollout engine takes its `rollout.gpu_memory_utilization` share of the trainer's
+    GPU: colocated, and decoupled in one process (local) or beside it (processes: the trainer is
+    capped at the rest); Ray places a decoupled run's sides on GPUs of their own."""
+    return cfg.pipeline == "colocated" or cfg.backend != "ray"
+
+
+def trainer_load(cfg: Config) -> TrainerLoad:
+    """What the trainer holds besides activations, as the worker factory builds it."""
+    return TrainerLoad(compute_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
+                       checkpointing=cfg.model.enable_gradient_checkpointing, lora_rank=cfg.model.lora_rank,
+                       reference=cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
+                       critic=cfg.algorithm.adv_estimator == "gae", ranks=cfg.trainer.ranks)

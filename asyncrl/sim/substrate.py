@@ -38,7 +38,6 @@ class SimSubstrate:
         workload = Workload(cfg, cfg.seed)
         rollouts: list[RolloutSide] = [SimRolloutServer(cfg, self.profile, d.per_engine, workload)
                                        for _ in range(d.engines)]
-        trainer: TrainerSide = SimTrainer(cfg, self.profile, d.trainer,
-                                               plan.old_log_probs)
+        trainer: TrainerSide = SimTrainer(cfg, self.profile, d.trainer, plan)
         transport = SimTransport(rollouts, costs.sync_seconds(self.profile))
         return Workers(trainer, rollouts, transport, close=lambda: None)

@@ -24,7 +24,8 @@ import torch
 from asyncrl.config.schema import Config
 from asyncrl.roles import PauseMode, WeightSink
 from asyncrl.scheduling.batching import num_mini_batches
-from asyncrl.scheduling.old_log_probs import PASS_SOURCES, OldLogProbSource
+from asyncrl.scheduling.old_log_probs import PASS_SOURCES
+from asyncrl.scheduling.plan import RunPlan
 from asyncrl.sim import costs
 from asyncrl.sim.engine import EngineModel, Finished, GroupSpec, Runs, SimEngine, extend_runs
 from asyncrl.sim.profile import Profile
@@ -256,11 +257,13 @@ class SimTrainer:
     """`PPOTrainer`'s methods on modelled time: the same stages, timed under the same names.
     The stream trainer's chunk costs its log-prob passes and 3x-forward gradient pass now
     (`accumulate_groups`); `apply_update` costs one `optimizer_step_s`. Old log-probs are always
-    recomputed there (the stream trainer runs colocated)."""
+    recomputed there (the stream trainer runs colocated). The run plan says where old log-probs
+    come from and the micro-batch budgets (training; forward-only for the log-prob passes)."""
 
-    def __init__(self, cfg: Config, profile: Profile, devices: int, old_log_prob_source: OldLogProbSource) -> None:
+    def __init__(self, cfg: Config, profile: Profile, devices: int, plan: RunPlan) -> None:
         self.cfg, self.profile, self.devices = cfg, profile, devices
-        self.old_log_prob_source = old_log_prob_source
+        self.old_log_prob_source = plan.old_log_probs
+        self.micro, self.forward_micro = plan.micro_batch_tokens, plan.log_prob_micro_batch_tokens
         self.colocated = cfg.pipeline == "colocated"  # only it reloads offloaded state after generation
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
@@ -269,9 +272,9 @@ class SimTrainer:
         self._streamed: dict[str, float] = {}  # stage timings and tokens of the chunks not yet stepped
 
     async def train_groups(self, groups: Sequence[Group]) -> dict[str, float]:
-        p, micro = self.profile, self.cfg.actor.ppo_micro_batch_tokens
+        p, micro = self.profile, self.micro
         lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories])
-        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated, self.fsdp_size)
+        logprob = costs.logprob_seconds(p, lengths, self.devices, self.forward_micro, self.colocated, self.fsdp_size)
         count = num_mini_batches(len(groups), self.cfg.actor.ppo_mini_batch_size)
         minis = [m for m in np.array_split(lengths, count) if len(m)]
         metrics: dict[str, float] = {}
@@ -293,12 +296,12 @@ class SimTrainer:
 
     async def accumulate_groups(self, groups: Sequence[Group]) -> dict[str, float]:
         """Stream trainer: this chunk's log-prob passes and forward+backward now (no step)."""
-        p, micro = self.profile, self.cfg.actor.ppo_micro_batch_tokens
+        p, micro = self.profile, self.micro
         lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for g in groups for t in g.trajectories])
         metrics: dict[str, float] = {}
         # A pass's fixed cost (weights and model set up for log-probs) is paid once per batch, not per chunk.
-        logprob = costs.logprob_seconds(p, lengths, self.devices, micro, self.colocated and not self._streamed,
-                                        self.fsdp_size)
+        logprob = costs.logprob_seconds(p, lengths, self.devices, self.forward_micro,
+                                        self.colocated and not self._streamed, self.fsdp_size)
         if self.old_log_prob_source in PASS_SOURCES:
             await self._stage("old_log_prob", logprob, metrics)
         if self.use_ref:

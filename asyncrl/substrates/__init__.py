@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncrl.config.schema import Config
 from asyncrl.roles import RolloutSide, TrainerSide
@@ -41,6 +41,8 @@ class RunData:
     tokenizer: PreTrainedTokenizerBase | None
     train_rows: list[PromptRow]
     val_rows: list[PromptRow]
+    model_config: Any = None
+    """The model's Hugging Face config (None in the simulator): its shape sizes the micro-batches on CUDA."""
 
 
 @dataclass

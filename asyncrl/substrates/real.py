@@ -23,7 +23,7 @@ def load_real_data(cfg: Config, log: Log) -> tuple[PreTrainedModel, PreTrainedTo
                           "the torch engine runs each engine on one device: set it to 1")
     model, tok = load_model(cfg.model, log)
     train_rows, val_rows = load_data(cfg, tok, log)
-    return model, tok, RunData(tok, train_rows, val_rows)
+    return model, tok, RunData(tok, train_rows, val_rows, model.config)
 
 
 def side_cpus(cfg: Config) -> tuple[int, int]:

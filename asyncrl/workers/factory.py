@@ -8,6 +8,7 @@ types are the roles (`asyncrl.roles`), so `mypy` checks the real workers against
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import cast
@@ -92,16 +93,19 @@ def build_trainer_side(cfg: Config, plan: RunPlan, model: PreTrainedModel | None
         use_packed_attention(model, cfg.model.packed_attention)
     ref = None
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-        ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, cfg.actor.ppo_micro_batch_tokens,
+        ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, plan.log_prob_micro_batch_tokens,
                         compute_dtype=dtype, use_remove_padding=pack)
     critic = None
     if cfg.algorithm.adv_estimator == "gae":
-        critic = Critic(model, cfg.critic, micro_batch_tokens=cfg.actor.ppo_micro_batch_tokens,
+        critic = Critic(model, cfg.critic, micro_batch_tokens=plan.micro_batch_tokens,
+                        forward_micro_batch_tokens=plan.log_prob_micro_batch_tokens,
                         loss_agg_mode=cfg.actor.loss_agg_mode, compute_dtype=dtype, use_remove_padding=pack)
         if cfg.model.enable_gradient_checkpointing:
             enable_gradient_checkpointing(critic.model.body)
     # Reference and critic copied the base model above; the actor trains it (LoRA: its adapters).
-    actor = Actor(prepare_actor_model(model, cfg.model), cfg.actor, temperature=cfg.rollout.temperature or 1.0,
+    budgets = dataclasses.replace(cfg.actor, ppo_micro_batch_tokens=plan.micro_batch_tokens,
+                                  log_prob_micro_batch_tokens=plan.log_prob_micro_batch_tokens)
+    actor = Actor(prepare_actor_model(model, cfg.model), budgets, temperature=cfg.rollout.temperature or 1.0,
                   norm_length=cfg.data.max_response_length, total_steps=plan.optimizer_steps,
                   compute_dtype=dtype, use_remove_padding=pack)
     trainer = PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,

@@ -13,9 +13,11 @@ from asyncrl.scheduling.plan import RunPlan, plan_run
 def test_colocated_defaults():
     plan = plan_run(load_config(None, []))
     assert plan == RunPlan("colocated", prompts_per_update=32, total_prompts=1920, updates=60, mini_batches=2,
-                           optimizer_steps=120, updates_per_sync=1, prompts_per_version=32, old_log_probs="rollout")
+                           optimizer_steps=120, updates_per_sync=1, prompts_per_version=32, old_log_probs="rollout",
+                           micro_batch_tokens=8192, log_prob_micro_batch_tokens=16384, micro_batch_basis="default")
     assert plan.line() == ("plan: colocated, 1920 prompts = 60 updates x 32, 2 mini-batch(es) per update, "
-                           "120 optimizer steps, old log-probs: rollout")
+                           "120 optimizer steps, old log-probs: rollout, micro-batches of 8192 tokens (default), "
+                           "16384 forward-only")
 
 
 def test_epochs_and_stream_trainer_steps():

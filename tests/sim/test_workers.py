@@ -48,8 +48,11 @@ def test_partial_responses_of_a_stopped_run_continue():
 
 def test_a_decoupled_trainer_does_not_pay_the_colocated_reload():
     """old_log_prob differs by exactly the profile's `logprob_pass_s` between the pipelines."""
+    import dataclasses
+
     import numpy as np
 
+    from asyncrl.scheduling.plan import plan_run
     from asyncrl.sim.workers import SimTrainer
     from asyncrl.types import Group
 
@@ -62,7 +65,7 @@ def test_a_decoupled_trainer_does_not_pay_the_colocated_reload():
         out = []
         for pipeline in ("colocated", "one_step_off"):
             c = load_config(None, [f"pipeline={pipeline}", "rollout.n=4", "data.max_response_length=4096"])
-            trainer = SimTrainer(c, profile, 8, "recompute")
+            trainer = SimTrainer(c, profile, 8, dataclasses.replace(plan_run(c), old_log_probs="recompute"))
             out.append(await trainer.train_groups([Group(group.uid, ROW, group.trajectories)]))
         return out[0], out[1]
 

@@ -95,7 +95,8 @@ def test_trimmed_micro_batches_are_narrower_than_the_batch():
 def test_log_probs_of_ragged_micro_batches_come_back_in_row_order():
     model, groups = tiny_lm(), make_ragged_groups()
     batch = build_batch(groups, pad_id=0)
-    got = Actor(model, ActorConfig(ppo_micro_batch_tokens=30), temperature=1.0, norm_length=4).compute_log_probs(batch)
+    cfg = ActorConfig(ppo_micro_batch_tokens=60, log_prob_micro_batch_tokens=30)
+    got = Actor(model, cfg, temperature=1.0, norm_length=4).compute_log_probs(batch)
     for i, w in enumerate(plain_log_probs(model, groups, 1.0)):
         torch.testing.assert_close(got[i, : len(w)], w, rtol=1e-5, atol=1e-5)
         assert got[i, len(w):].abs().sum() == 0

@@ -11,7 +11,8 @@ from tests.training.helpers import make_ragged_groups, tiny_lm
 
 
 def critic_with_budget(budget: int) -> Critic:
-    critic = Critic(tiny_lm(), CriticConfig(lr=1e-2), micro_batch_tokens=budget, loss_agg_mode="token-mean")
+    critic = Critic(tiny_lm(), CriticConfig(lr=1e-2), micro_batch_tokens=budget, forward_micro_batch_tokens=budget,
+                    loss_agg_mode="token-mean")
     torch.manual_seed(1)
     torch.nn.init.normal_(critic.model.head.weight)  # the zero-initialised head would make every value 0
     return critic

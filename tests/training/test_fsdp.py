@@ -45,8 +45,8 @@ LR = 1e-2
 
 
 def actor_config(name: str) -> ActorConfig:
-    return ActorConfig(ppo_micro_batch_tokens=BUDGET, lr=LR, warmup_steps=0, weight_decay=0.01, entropy_coeff=0.01,
-                       **CONFIGS[name])
+    return ActorConfig(ppo_micro_batch_tokens=BUDGET, log_prob_micro_batch_tokens=BUDGET, lr=LR, warmup_steps=0,
+                       weight_decay=0.01, entropy_coeff=0.01, **CONFIGS[name])
 
 
 def make_actor(name: str, pack: bool = False) -> Actor:

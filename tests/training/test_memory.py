@@ -60,7 +60,8 @@ def peak_allocated_bytes(fn: Callable[[], object]) -> int:
 def actor_step(checkpointing: bool) -> tuple[int, float, torch.Tensor]:
     """(peak bytes, policy loss, gradients) of one update of a fresh actor on the same batch."""
     model = prepare_actor_model(deep_lm(), ModelConfig(enable_gradient_checkpointing=checkpointing))
-    actor = Actor(model, ActorConfig(lr=1e-3, warmup_steps=0, ppo_micro_batch_tokens=1 << 20),
+    actor = Actor(model, ActorConfig(lr=1e-3, warmup_steps=0, ppo_micro_batch_tokens=1 << 20,
+                                       log_prob_micro_batch_tokens=1 << 20),
                   temperature=1.0, norm_length=RESPONSE)
     batch: TrainBatch = build_batch(long_groups(), pad_id=0)
     batch.old_log_probs = actor.compute_log_probs(batch)

@@ -107,8 +107,8 @@ def test_packed_gradients_equal_padded(groups):
 
 
 def make_actor(pack_rows: bool, budget: int, **cfg) -> Actor:
-    config = ActorConfig(ppo_micro_batch_tokens=budget, lr=LR, warmup_steps=0, grad_clip=1e9, entropy_coeff=0.01,
-                         **cfg)
+    config = ActorConfig(ppo_micro_batch_tokens=budget, log_prob_micro_batch_tokens=budget, lr=LR, warmup_steps=0,
+                         grad_clip=1e9, entropy_coeff=0.01, **cfg)
     return Actor(lm64(), config, temperature=0.8, norm_length=8, use_remove_padding=pack_rows)
 
 
@@ -183,8 +183,8 @@ def test_packed_critic_values_and_update_equal_padded():
     batch = build_batch(spread_groups(), pad_id=0)
     values, grads = [], []
     for pack_rows in (False, True):
-        critic = Critic(lm64(), CriticConfig(lr=1e-2), micro_batch_tokens=50, loss_agg_mode="token-mean",
-                        use_remove_padding=pack_rows)
+        critic = Critic(lm64(), CriticConfig(lr=1e-2), micro_batch_tokens=50, forward_micro_batch_tokens=50,
+                        loss_agg_mode="token-mean", use_remove_padding=pack_rows)
         torch.manual_seed(1)
         nn.init.normal_(critic.model.head.weight)  # the zero-initialised head would make every value 0
         critic.model.double()
@@ -272,7 +272,8 @@ def test_workers_that_pack_run_packed_attention():
     """Each row's attention alone (tests/training/test_packed_attention.py), not a dense mask."""
     assert make_actor(True, 100).model.config._attn_implementation == NAME
     assert RefWorker(lm64(), 1.0, 100, use_remove_padding=True).model.config._attn_implementation == NAME
-    critic = Critic(lm64(), CriticConfig(), micro_batch_tokens=100, loss_agg_mode="token-mean", use_remove_padding=True)
+    critic = Critic(lm64(), CriticConfig(), micro_batch_tokens=100, forward_micro_batch_tokens=200,
+                    loss_agg_mode="token-mean", use_remove_padding=True)
     assert critic.model.body.config._attn_implementation == NAME
     assert make_actor(False, 100).model.config._attn_implementation == "sdpa"
 
@@ -281,4 +282,5 @@ def test_workers_pack_by_default():
     assert ModelConfig().use_remove_padding
     assert Actor(tiny_lm(), ActorConfig(), temperature=1.0, norm_length=4).pack
     assert RefWorker(tiny_lm(), 1.0, 100).pack
-    assert Critic(tiny_lm(), CriticConfig(), micro_batch_tokens=100, loss_agg_mode="token-mean").model.pack
+    assert Critic(tiny_lm(), CriticConfig(), micro_batch_tokens=100, forward_micro_batch_tokens=200,
+                  loss_agg_mode="token-mean").model.pack

@@ -5,6 +5,7 @@ trainer charges the chunks' passes now and one optimizer step at apply."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from asyncrl.config import load_config
 from asyncrl.config.schema import ActorConfig, AlgorithmConfig, KLControlConfig
+from asyncrl.scheduling.plan import plan_run
 from asyncrl.sim.loop import run_virtual
 from asyncrl.sim.profile import load_profile
 from asyncrl.sim.workers import SimTrainer
@@ -31,7 +33,7 @@ KL_AND_ENTROPY = {"actor": {"use_kl_loss": True, "kl_loss_coef": 0.1, "entropy_c
 
 def make_trainer(mode: str, extra: dict[str, dict], micro_tokens: int = 10_000) -> PPOTrainer:
     cfg = ActorConfig(lr=LR, warmup_steps=0, grad_clip=1e9, loss_agg_mode=mode, ppo_mini_batch_size=6,
-                      ppo_micro_batch_tokens=micro_tokens, **extra["actor"])
+                      ppo_micro_batch_tokens=micro_tokens, log_prob_micro_batch_tokens=micro_tokens, **extra["actor"])
     actor = Actor(tiny_lm(), cfg, temperature=1.0, norm_length=8)
     algorithm = AlgorithmConfig(**extra["algorithm"])
     use_ref = cfg.use_kl_loss or algorithm.use_kl_in_reward
@@ -164,11 +166,12 @@ def test_simulated_stream_costs_the_chunks_now_and_one_step_at_apply() -> None:
     mini-batch and epoch = its 3x-forward pass + optimizer_step_s); the step comes at apply."""
     cfg = load_config(None, ["actor.ppo_mini_batch_size=6", "data.train_batch_size=6"])
     profile = load_profile("h20-qwen2.5-7b")
+    plan = dataclasses.replace(plan_run(cfg), old_log_probs="recompute")
     groups = ragged_groups()
 
     async def main() -> tuple[dict[str, float], dict[str, float], dict[str, float], SimTrainer]:
-        plain = await SimTrainer(cfg, profile, 8, "recompute").train_groups(groups)
-        stream = SimTrainer(cfg, profile, 8, "recompute")
+        plain = await SimTrainer(cfg, profile, 8, plan).train_groups(groups)
+        stream = SimTrainer(cfg, profile, 8, plan)
         chunk = await stream.accumulate_groups(groups)
         return plain, chunk, await stream.apply_update(), stream
 
