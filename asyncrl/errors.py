@@ -37,3 +37,7 @@ class SyncError(AsyncRLError, RuntimeError):
 
 class WorkerDied(AsyncRLError, RuntimeError):
     """A worker process (e.g. a Ray actor) died; the message names its role ("rollout worker 1")."""
+
+
+class OutOfMemory(AsyncRLError, MemoryError):
+    """A device ran out of memory; the message says where and names the keys that lower the need."""

@@ -39,11 +39,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # read what lies below, never an engine, a trainer, a worker or a pipeline.
     ("asyncrl.preflight",),
     # Leaf components and services: rewards, data, model loading and a model's named weights,
-    # the role protocols every worker implements, metrics/loggers/trace, torch's threads, atomic
-    # files. Above the pure core, so scheduling/ and algorithms/ cannot reach clocks, threads,
-    # files or workers.
+    # the role protocols every worker implements, metrics/loggers/trace, torch's threads, a
+    # device's out-of-memory error as ours, atomic files. Above the pure core, so scheduling/ and
+    # algorithms/ cannot reach clocks, threads, files or workers.
     ("asyncrl.rewards", "asyncrl.data", "asyncrl.models", "asyncrl.roles", "asyncrl.telemetry",
-     "asyncrl.compute", "asyncrl.fsutil"),
+     "asyncrl.compute", "asyncrl.oom", "asyncrl.fsutil"),
     # The pure core: policies shared by pipelines and the simulator, then tensor functions.
     ("asyncrl.scheduling",),
     ("asyncrl.algorithms",),

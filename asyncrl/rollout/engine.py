@@ -35,6 +35,9 @@ Semantics callers rely on:
   slots of `max_model_len` tokens, within `gpu_memory_utilization` of the device
   (`asyncrl.rollout.memory`); fewer slots when they do not fit (logged once), `ConfigError` when
   not one does. A request longer than `max_model_len` raises `RolloutError` from `generate`.
+- CUDA running out of memory while the engine is built or in a step raises `OutOfMemory`
+  (`asyncrl.oom`: one line naming `rollout.gpu_memory_utilization` and the trainer's budgets),
+  from the constructor or from the step's requests' `generate`.
 
 Not here: tokenization, prefix caching, chunked prefill, speculative decoding, tensor parallel.
 """
@@ -53,8 +56,9 @@ import torch
 from torch import nn
 
 from asyncrl.compute import compute_thread
-from asyncrl.errors import RolloutError
+from asyncrl.errors import OutOfMemory, RolloutError
 from asyncrl.models.tensors import checksum, export_named
+from asyncrl.oom import out_of_memory_as
 from asyncrl.roles import PauseMode
 from asyncrl.rollout.generic import describe
 from asyncrl.rollout.runner import StepRunner
@@ -76,11 +80,16 @@ class TorchEngine:
         `executor`: a compute thread to run steps on (shared with other torch work), else its own."""
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self._eos_ids = tuple(int(t) for t in eos)
-        self._runner = StepRunner(
-            model, max_num_seqs=settings.max_num_seqs, device=settings.device, version=version, seed=settings.seed,
-            forward=settings.forward, static_decode=settings.decode_graphs, max_model_len=settings.model_len,
-            gpu_memory_utilization=settings.gpu_memory_utilization, max_prefill_tokens=settings.max_prefill_tokens,
-        )
+        # a colocated or processes trainer holds the rest of the device: its budgets count too
+        self._memory_keys = (f"rollout.gpu_memory_utilization (now {settings.gpu_memory_utilization:g})",
+                             "actor.ppo_micro_batch_tokens", "actor.log_prob_micro_batch_tokens")
+        with out_of_memory_as("building the rollout engine (its KV cache and CUDA graphs)", self._memory_keys):
+            self._runner = StepRunner(
+                model, max_num_seqs=settings.max_num_seqs, device=settings.device, version=version,
+                seed=settings.seed, forward=settings.forward, static_decode=settings.decode_graphs,
+                max_model_len=settings.model_len, gpu_memory_utilization=settings.gpu_memory_utilization,
+                max_prefill_tokens=settings.max_prefill_tokens,
+            )
         self._vocab_size = self._runner.forward.vocab_size
         self._log_limits(model, settings.max_num_seqs)
         self._scheduler = Scheduler(self._runner.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens)
@@ -323,9 +332,10 @@ class TorchEngine:
     async def _step(self, loop: asyncio.AbstractEventLoop, plan: StepPlan) -> None:
         self._idle.clear()
         try:
-            result = await loop.run_in_executor(self._compute(), self._runner.run, plan)
+            with out_of_memory_as("the rollout engine's step", self._memory_keys):
+                result = await loop.run_in_executor(self._compute(), self._runner.run, plan)
         except Exception as error:  # a failed step fails its rows, not the engine
-            wrapped = RolloutError(f"TorchEngine step failed: {error!r}")
+            wrapped = error if isinstance(error, OutOfMemory) else RolloutError(f"TorchEngine step failed: {error!r}")
             for seq in plan.seqs:
                 self._fail(seq, wrapped)
             self._scheduler.sweep()

@@ -20,12 +20,17 @@ and `apply_update()` makes the one optimizer step once the batch is in. Stage ti
 the chunks, batch statistics are taken over all of them and the adaptive KL-in-reward controller
 moves once per batch, so its metrics have the keys and values of `train_groups` on the same batch.
 Not for a critic or a proximal policy (`asyncrl.config` rules those out).
+
+A CUDA out-of-memory error in the forward-only passes or in an update leaves the trainer as
+`asyncrl.errors.OutOfMemory`, one line naming the micro-batch budgets (the pass's own first),
+`rollout.gpu_memory_utilization` and gradient checkpointing (`asyncrl.oom`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +41,7 @@ from asyncrl.algorithms.agg import masked_mean
 from asyncrl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
 from asyncrl.algorithms.off_policy import truncated_is_weights
 from asyncrl.config.schema import AlgorithmConfig
+from asyncrl.oom import out_of_memory_as
 from asyncrl.scheduling.batching import num_mini_batches
 from asyncrl.scheduling.old_log_probs import PASS_SOURCES, OldLogProbSource
 from asyncrl.sync import TrainerWeights
@@ -84,9 +90,9 @@ class PPOTrainer:
         if self.algorithm.use_kl_in_reward:
             self.kl_ctrl.update(metrics["actor/reward_kl_penalty"], n_steps=batch.size)
         if self.critic is not None:
-            with timer("update_critic", metrics):
+            with timer("update_critic", metrics), self._out_of_memory(forward_only=False):
                 metrics |= self.critic.train_step(batch, minis)
-        with timer("update_actor", metrics):
+        with timer("update_actor", metrics), self._out_of_memory(forward_only=False):
             metrics |= self.actor.train_step(batch, minis)
         return metrics | self._perf([batch], metrics, passes=self.actor.cfg.ppo_epochs)
 
@@ -104,7 +110,7 @@ class PPOTrainer:
         stream = self._stream = self._stream or _Stream()
         metrics: dict[str, float] = {}
         batch = self._prepare(groups, metrics)
-        with timer("update_actor", metrics):
+        with timer("update_actor", metrics), self._out_of_memory(forward_only=False):
             self.actor.accumulate(batch)
         for k, v in metrics.items():
             if k.startswith("timing_s/"):
@@ -124,7 +130,7 @@ class PPOTrainer:
             current_kl = stream.kl_sum / sum(b.size for b in stream.batches)
             metrics |= {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
             self.kl_ctrl.update(current_kl, n_steps=sum(b.size for b in stream.batches))
-        with timer("update_actor", metrics):
+        with timer("update_actor", metrics), self._out_of_memory(forward_only=False):
             metrics |= self.actor.apply_update()
         return metrics | self._perf(stream.batches, metrics, passes=1)
 
@@ -139,16 +145,27 @@ class PPOTrainer:
     def _prepare(self, groups: Sequence[Group], metrics: dict[str, float]) -> TrainBatch:
         """The batch of these groups with old/ref log-probs, values and advantages."""
         batch = build_batch(groups, self.pad_id)
-        self._old_log_probs(batch, metrics)
-        if self.ref is not None:
-            with timer("ref", metrics):
-                batch.ref_log_probs = self.ref.compute_log_probs(batch)
-        if self.critic is not None:
-            with timer("values", metrics):
-                batch.values = self.critic.compute_values(batch)
+        with self._out_of_memory(forward_only=True):
+            self._old_log_probs(batch, metrics)
+            if self.ref is not None:
+                with timer("ref", metrics):
+                    batch.ref_log_probs = self.ref.compute_log_probs(batch)
+            if self.critic is not None:
+                with timer("values", metrics):
+                    batch.values = self.critic.compute_values(batch)
         with timer("adv", metrics):
             self._advantages(batch, groups, metrics)
         return batch
+
+    def _out_of_memory(self, forward_only: bool) -> AbstractContextManager[None]:
+        """CUDA running out in these passes as `OutOfMemory`, naming their own budget first."""
+        a = self.actor.cfg
+        train = f"actor.ppo_micro_batch_tokens (now {a.ppo_micro_batch_tokens})"
+        forward = f"actor.log_prob_micro_batch_tokens (now {a.log_prob_micro_batch_tokens})"
+        if forward_only:
+            return out_of_memory_as("the forward-only passes (old log-probs, reference, values)",
+                                    (forward, train, "rollout.gpu_memory_utilization"))
+        return out_of_memory_as("the update", (train, forward, "rollout.gpu_memory_utilization"))
 
     # The trainer's half of weight sync (asyncrl.roles.WeightSource), called between updates.
     async def weight_meta(self) -> list[WeightMeta]:
