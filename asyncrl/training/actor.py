@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,6 +64,7 @@ from asyncrl.training import fsdp, packing
 from asyncrl.training.batch import TrainBatch, map_micro_batches, mean_over_mini_batches, micro_batches
 from asyncrl.training.lora import is_lora, load_lora, merged_named, save_lora
 from asyncrl.training.optim import LRSchedule, make_optimizer, resolve_warmup, seed_state, set_seed_state
+from asyncrl.training.vocab_chunks import choose_head, fused_head
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -112,11 +114,14 @@ def autocast(device: torch.device, dtype: torch.dtype) -> torch.autocast:
 @dataclass(frozen=True)
 class ResponseLogits:
     """The logits that predict a batch's response tokens, their labels, and the way back from
-    per-token results on them to the (B, T) response layout."""
+    per-token results on them to the (B, T) response layout. From the chunked head
+    (`chunked_at` set, `asyncrl.training.vocab_chunks`) `logits` holds each token's [log-prob,
+    entropy] at temperature `chunked_at` instead: no (tokens x vocabulary) tensor exists."""
 
-    logits: torch.Tensor  # (B, T, V) padded; (1, R, V) packed, R = real response tokens
+    logits: torch.Tensor  # (B, T, V) padded; (1, R, V) packed, R = real response tokens; chunked: (..., 2)
     labels: torch.Tensor  # (B, T) or (1, R)
     packed: packing.Packed | None = None
+    chunked_at: float | None = None
 
     def to_rows(self, values: torch.Tensor) -> torch.Tensor:
         """Per-token `values` (the logits' leading shape) in the (B, T) layout; packed: zeros at
@@ -125,30 +130,49 @@ class ResponseLogits:
 
     def log_probs(self, temperature: float) -> torch.Tensor:
         """Log-probs of the labels (float32 math) in the (B, T) layout. # (B, T)"""
-        return self.to_rows(logprobs_from_logits(self.logits, self.labels, temperature))
+        if self.chunked_at is None:
+            return self.to_rows(logprobs_from_logits(self.logits, self.labels, temperature))
+        assert temperature == self.chunked_at, f"computed at temperature {self.chunked_at}, asked {temperature}"
+        return self.to_rows(self.logits[..., 0])
+
+    def entropies(self, temperature: float, grad: bool = True) -> torch.Tensor:
+        """Entropy of softmax(logits / temperature) per token (float32 math), in the (B, T)
+        layout; `grad=False`: detached, no backward through it. # (B, T)"""
+        if self.chunked_at is None:
+            return self.to_rows(entropy_from_logits(self.logits if grad else self.logits.detach(), temperature))
+        assert temperature == self.chunked_at, f"computed at temperature {self.chunked_at}, asked {temperature}"
+        return self.to_rows(self.logits[..., 1] if grad else self.logits[..., 1].detach())
 
 
 def response_logits(model: nn.Module, batch: TrainBatch, dtype: torch.dtype = torch.float32,
-                    pack: bool = False) -> ResponseLogits:
+                    pack: bool = False, chunked_at: float | None = None) -> ResponseLogits:
     """Logits that predict each response token, computed in `dtype`; the head runs on those
     positions only (`logits_to_keep`). `pack`: the rows' real tokens as one sequence
-    (`asyncrl.training.packing`), else the padded rows."""
+    (`asyncrl.training.packing`), else the padded rows. `chunked_at`: the head computes log-probs
+    and entropies at that temperature over chunks of the vocabulary instead (`fused_head`)."""
     T = batch.responses.shape[1]
     with autocast(batch.input_ids.device, dtype):
         if pack:
             p = packing.pack(batch)
-            out = model(**p.forward_kwargs(), logits_to_keep=p.predicts, use_cache=False)
-            return ResponseLogits(out.logits, p.labels[None], p)
+            with _head(model, p.labels[None], chunked_at):
+                out = model(**p.forward_kwargs(), logits_to_keep=p.predicts, use_cache=False)
+            return ResponseLogits(out.logits, p.labels[None], p, chunked_at)
         # the last T + 1 columns are P-1 .. P+T-1; the first T of them predict the response
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids, logits_to_keep=T + 1, use_cache=False)
-    return ResponseLogits(out.logits[:, :T], batch.responses)
+        with _head(model, nn.functional.pad(batch.responses, (0, 1)), chunked_at):
+            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        position_ids=batch.position_ids, logits_to_keep=T + 1, use_cache=False)
+    return ResponseLogits(out.logits[:, :T], batch.responses, None, chunked_at)
+
+
+def _head(model: nn.Module, labels: torch.Tensor, chunked_at: float | None) -> AbstractContextManager[None]:
+    return nullcontext() if chunked_at is None else fused_head(model, labels, chunked_at)
 
 
 def response_log_probs(model: nn.Module, batch: TrainBatch, temperature: float,
-                       dtype: torch.dtype = torch.float32, pack: bool = False) -> torch.Tensor:
-    """Log-probs of the response tokens (float32 math whatever `dtype`). # (B, T)"""
-    return response_logits(model, batch, dtype, pack).log_probs(temperature)
+                       dtype: torch.dtype = torch.float32, pack: bool = False, chunked: bool = False) -> torch.Tensor:
+    """Log-probs of the response tokens (float32 math whatever `dtype`); `chunked`: from the
+    hidden states over chunks of the vocabulary (`asyncrl.training.vocab_chunks`). # (B, T)"""
+    return response_logits(model, batch, dtype, pack, temperature if chunked else None).log_probs(temperature)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -167,6 +191,7 @@ class RefWorker:
         self.pack = use_remove_padding
         if self.pack:
             packing.enable_packing(model)
+        self.head = choose_head(model)  # log-probs from full logits or over vocabulary chunks
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
@@ -175,7 +200,7 @@ class RefWorker:
         return out.to(batch.responses.device)
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
-        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype, self.pack)
+        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype, self.pack, self.head.chunked)
 
 
 def actor_schedule(cfg: ActorConfig, total_steps: int) -> LRSchedule:
@@ -208,6 +233,7 @@ class Actor:
         self.pack = use_remove_padding
         if self.pack:  # after the optimizer: FSDP2 leaves the root unsharded after a no-grad forward
             packing.enable_packing(model)
+        self.head = choose_head(model)  # log-probs and entropies from full logits or vocabulary chunks
         self.version = 0
         self._last_lr = float(self.scheduler.get_last_lr()[0])
         self._pending: _Accumulated | None = None
@@ -232,7 +258,7 @@ class Actor:
         return out.to(batch.responses.device)
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
-        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype, self.pack)
+        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype, self.pack, self.head.chunked)
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         """PPO epochs over mini-batches; one optimizer step per mini-batch."""
@@ -331,7 +357,8 @@ class Actor:
     def _micro_batch_loss(self, mb: TrainBatch, counts: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
         assert mb.advantages is not None
-        out = response_logits(self.model, mb, self.compute_dtype, self.pack)
+        out = response_logits(self.model, mb, self.compute_dtype, self.pack,
+                              self.temperature if self.head.chunked else None)
         log_prob = out.log_probs(self.temperature)
         # None: this forward runs on the weights that generated the batch (one optimizer step
         # per batch, see `train_step`), so its log-probs, detached, are the old ones exactly.
@@ -341,8 +368,8 @@ class Actor:
             loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
             is_weights=mb.is_weights, norm_length=self.norm_length, **counts)
-        logits = out.logits if cfg.entropy_coeff else out.logits.detach()
-        entropy = self._agg(out.to_rows(entropy_from_logits(logits)), mb, counts)
+        # at the sampling temperature, as the log-probs (and verl's entropy) are
+        entropy = self._agg(out.entropies(self.temperature, grad=bool(cfg.entropy_coeff)), mb, counts)
         metrics = dict(metrics) | {"actor/entropy": float(entropy.detach())}
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * entropy
