@@ -1,7 +1,8 @@
 """Log-probs and entropies over chunks of the vocabulary (`asyncrl.training.vocab_chunks`): values
 and gradients (hidden states, head weight, bias) equal the unchunked computation within rounding
-bounds derived below, gradcheck passes in float64, at vocabulary 151,936 the values hold and the
-forward + backward peak stays under a quarter of the full float32 logits; in the actor the chunked
+bounds derived below, gradcheck passes in float64, a bf16 head multiplies in bf16 with float32
+statistics, at vocabulary 151,936 the values hold and the forward + backward peak stays under a
+quarter of the full float32 logits; in the actor the chunked
 head gives the full-logits path's log-probs, entropies and updates, and `choose_head` falls back,
 with its reason, where the chunked head cannot run or does not pay.
 
@@ -353,3 +354,29 @@ def test_actor_chunked_head_steps_equal_full_logits(monkeypatch):
     assert_within(ref_c, ref_lp, value_bound, "ref log-probs")
     assert_same_steps(lead.steps, lock.steps, [gradient_terms(cfg, tokens) * VOCAB], LR)
     assert metrics_c["actor/entropy"] == pytest.approx(metrics["actor/entropy"], rel=1e-9)
+
+
+@pytest.mark.parametrize("where", ["bf16-weights", "autocast"])
+def test_bf16_matmul_with_float32_statistics(where):
+    """bf16 head weights (as FSDP's bf16 parameters), or float32 ones under CPU autocast: the
+    chunks multiply in bf16 as lm_head would, the outputs are float32 and match the float32
+    softmax over lm_head's bf16 logits. Two kernels of other shapes accumulate a logit in another
+    order (H eps32 sum|h w|) and may round it to the other neighbouring bf16 value (eps_bf16 |z|);
+    a log-prob moves by at most 2 max|dz|, an entropy (dH/dz_j = -p_j (z_j - E_p[z])) by at most
+    2 max|z| max|dz|; plus float32 rounding of the vocabulary sums (`sum_error`)."""
+    hidden, weight, _, labels, _, _ = make_inputs(16, 32, 1000, torch.float32, bias=False)
+    dtype = torch.bfloat16 if where == "bf16-weights" else torch.float32
+    h, w = (t.to(dtype).requires_grad_() for t in (hidden, weight))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=where == "autocast"):
+        got = chunked_log_probs_entropy(h, w, labels, 0.7, chunk=300)
+        logits = h @ w.T  # what lm_head returns: bf16
+    assert logits.dtype == torch.bfloat16 and all(t.dtype == torch.float32 for t in got)
+    want = from_logits(logits.detach().float(), labels, 0.7)
+    zmax = float(logits.detach().float().abs().max()) / 0.7
+    products = float((hidden.abs() @ weight.abs().T).max())  # max_v sum_i |h_i w_vi|
+    dz = eps_of(torch.bfloat16) * zmax + sum_error(torch.float32, 32, products) / 0.7
+    rounding = sum_error(torch.float32, 1000 + 4, 1.0) * (1 + zmax)
+    assert_within(got[0].detach(), want[0], 2 * dz + rounding, "log-prob")
+    assert_within(got[1].detach(), want[1], 2 * zmax * dz + rounding, "entropy")
+    (got[0].sum() + got[1].sum()).backward()
+    assert h.grad.dtype == w.grad.dtype == dtype and bool(w.grad.abs().sum() > 0)
