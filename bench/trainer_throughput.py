@@ -63,6 +63,7 @@ from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 from asyncrl.algorithms import compute_advantage
 from asyncrl.config import Config, load_config
 from asyncrl.errors import ConfigError
+from asyncrl.pipelines.setup import trainer_device
 from asyncrl.scheduling.plan import plan_run
 from asyncrl.telemetry.perf import ModelShape, executed_training_flops, peak_flops, training_flops
 from asyncrl.training import packed_attention
@@ -155,7 +156,7 @@ def make_actor(args: argparse.Namespace, cfg: Config) -> tuple[Actor, dict[str, 
     torch.manual_seed(0)
     with torch.device(args.device):
         model = Qwen2ForCausalLM(Qwen2Config(**MODELS[args.model]))
-    plan = plan_run(cfg)
+    plan = plan_run(cfg, None, trainer_device(cfg, model.config))  # a run's budget: this GPU's memory, this model
     pad = cast(PreTrainedTokenizerBase, SimpleNamespace(pad_token_id=0))  # all the trainer side reads
     side = build_trainer_side(cfg, plan, model=model, tok=pad)
     assert isinstance(side, PPOTrainer)
