@@ -11,12 +11,13 @@ path, precision, compilation) the bench runs too, and reports what it resolved.
 
 Configurations (`SETUPS`, in this order): the defaults first (`packed`: packed rows, the
 attention path `auto` picks, the device's micro-batch budget), which run whatever the time
-budget; then the A/B ones (`grouped` at CALL_COST 8192, `budget8192`, `autocast`, `compiled`,
-`packed+ckpt`, `padded`), each only if the time the longest configuration so far took still fits
-in `--time-budget-s`, else recorded as skipped; a configuration whose key this tree does not have
-is recorded as skipped with the config error. Each configuration builds its own model, takes one
-warm-up step (the packed-attention path it ran read from `packed_attention.PATHS`), then
-`--steps` timed steps, and frees the model before the next.
+budget; then the A/B ones (`grouped` at CALL_COST 8192, `budget8192`, `packed+ckpt`, `padded`;
+bf16-parameter precision and compiled layers join when their keys exist), each only if the time
+the longest configuration so far took still fits in `--time-budget-s`, else recorded as skipped;
+a configuration whose key this tree does not have is recorded as skipped with the config error.
+Each configuration builds its own model, takes one warm-up step (the packed-attention path it ran
+read from `packed_attention.PATHS`), then `--steps` timed steps, and frees the model before the
+next.
 
 Per configuration: tokens/s (real prompt + response tokens per step over the median step), MFU
 by verl's formula (`telemetry.perf.training_flops`) and over the FLOPs executed
@@ -103,8 +104,6 @@ SETUPS = (
     Setup("grouped", ("model.packed_attention=grouped",), "today's fallback: sdpa over row groups, CALL_COST 8192",
           call_cost=8192),
     Setup("budget8192", ("actor.ppo_micro_batch_tokens=8192",), "the CPU-sized budget of 8192 tokens"),
-    Setup("autocast", ("model.mixed_precision=autocast",), "autocast over float32 weights (today's precision)"),
-    Setup("compiled", ("actor.use_torch_compile=true",), "each decoder layer compiled"),
     Setup("packed+ckpt", ("model.enable_gradient_checkpointing=true",), "activation checkpointing"),
     Setup("padded", ("model.use_remove_padding=false",), "padded micro-batches, no packing"),
 )
@@ -244,7 +243,7 @@ def measure(args: argparse.Namespace, cfg: Config, batch: TrainBatch) -> dict[st
             actor.train_step(batch, num_mini_batches=1)
         steps.append(split | {"cpu_s": time.process_time() - cpu, "foreign_cores": load.cores})
     row = dict(warmup_s=warmup_s, micro_batch_tokens=actor.cfg.ppo_micro_batch_tokens, plan=plan,
-               attention_calls=dict(paths), attention_path=attention_path(paths),
+               attention_calls=dict(paths), attention_path=attention_path(paths), head=actor.head.describe(),
                **rates(actor, cfg, batch, steps), **peak_memory(device))
     del actor
     gc.collect()
@@ -309,7 +308,7 @@ def line(row: dict[str, Any]) -> str:
             f"(fwd {row['forward_s_median']:.3f} bwd {row['backward_s_median']:.3f} "
             f"opt {row['optimizer_s_median']:.3f}), MFU verl {pct(row['mfu_verl'])} executed "
             f"{pct(row['mfu_executed'])}, {row['tflops_executed']:.2f} TFLOP/s, peak {memory:.2f} GiB, "
-            f"budget {row['micro_batch_tokens']}, attention {row['attention_path']}, "
+            f"budget {row['micro_batch_tokens']}, attention {row['attention_path']}, head {row['head']}, "
             f"warm-up {row['warmup_s']:.1f} s")
 
 

@@ -9,6 +9,9 @@ are zeroed on entry, so their content (even NaN) never reaches a result or a gra
 rollout engine's, `use_rollout_log_probs`) or a recomputed proximal policy's; in the decoupled
 form the behaviour -> proximal correction enters as `is_weights` (see `off_policy.py`).
 
+Metrics are detached 0-dim tensors on the inputs' device, not floats: a trainer sums them over
+micro-batches and reads them once per step, instead of waiting for the device at every call.
+
 Not here: the entropy bonus and the KL loss (add `agg_loss(...)` terms in the trainer).
 """
 
@@ -122,8 +125,8 @@ def compute_policy_loss(
     norm_length: float | None = None,
     global_token_count: float | None = None,
     global_seq_count: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """Policy loss `name` -> (scalar loss, metrics); all tensors (B, T).
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Policy loss `name` -> (scalar loss, metrics as detached 0-dim tensors); all inputs (B, T).
 
     `is_weights` (e.g. truncated behaviour -> proximal IS weights) multiply the per-token loss
     under stop-gradient. Metrics: `actor/pg_loss`, `actor/pg_clipfrac` (tokens whose clipped
@@ -150,12 +153,12 @@ def compute_policy_loss(
 
 
 def _metrics(loss: Tensor, old_log_prob: Tensor, log_prob: Tensor, clipped: Tensor,
-             clipped_lower: Tensor, response_mask: Tensor) -> dict[str, float]:
-    """The four scalar metrics, detached."""
+             clipped_lower: Tensor, response_mask: Tensor) -> dict[str, Tensor]:
+    """The four scalar metrics, detached 0-dim tensors (no host read)."""
     with torch.no_grad():
         return {
-            "actor/pg_loss": loss.item(),
-            "actor/pg_clipfrac": masked_mean(clipped.float(), response_mask).item(),
-            "actor/ppo_kl": masked_mean(old_log_prob - log_prob, response_mask).item(),
-            "actor/pg_clipfrac_lower": masked_mean(clipped_lower.float(), response_mask).item(),
+            "actor/pg_loss": loss.detach(),
+            "actor/pg_clipfrac": masked_mean(clipped.float(), response_mask),
+            "actor/ppo_kl": masked_mean(old_log_prob - log_prob, response_mask),
+            "actor/pg_clipfrac_lower": masked_mean(clipped_lower.float(), response_mask),
         }

@@ -22,13 +22,14 @@ def compute_value_loss(
     norm_length: float | None = None,
     global_token_count: float | None = None,
     global_seq_count: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped value loss 0.5 * agg(max((v - R)^2, (clip(v, V - c, V + c) - R)^2)).
 
     PPO's value clipping (as in OpenAI baselines / verl; Schulman et al. 2017, arXiv:1707.06347).
     `vpreds` are the critic's current predictions, `values` the ones recorded at rollout time,
     `returns` the targets. Note the argument order (verl's is vpreds, returns, values).
-    Metrics: `critic/vf_loss`, `critic/vf_clipfrac` (tokens where the clipped term was larger).
+    Metrics: `critic/vf_loss`, `critic/vf_clipfrac` (tokens where the clipped term was larger), as
+    detached 0-dim tensors (a trainer reads them once per step, not per call).
     Example: vpred 2.0, value 1.0, return 1.0, c = 0.5: clip -> 1.5; max(1.0, 0.25) = 1.0;
     loss 0.5, clipfrac 0. With return 3.0: max(1.0, 2.25) = 2.25; loss 1.125, clipfrac 1.
     """
@@ -43,4 +44,4 @@ def compute_value_loss(
     )
     with torch.no_grad():
         clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), response_mask)
-    return loss, {"critic/vf_loss": loss.item(), "critic/vf_clipfrac": clipfrac.item()}
+    return loss, {"critic/vf_loss": loss.detach(), "critic/vf_clipfrac": clipfrac}

@@ -33,9 +33,13 @@ switch.
 
 Devices and precision: the model (float32 master weights, and so float32 optimizer state)
 lives on its device; each entry point moves the batch it is handed there and returns results on
-the batch's device. With `compute_dtype=torch.bfloat16` forwards run under autocast (matmuls in
-bf16; log-probs, entropies and losses in float32) and `named_weights` gives bf16 copies, what
-the rollout engines hold.
+the batch's device. The micro-batch loop reads nothing back from the device: plans come from the
+batch's host-side facts (`asyncrl.training.batch.HostRows`), metrics stay device tensors (float64
+sums) and reach the host in one transfer per step (`to_host`), and one more read per optimizer
+step takes the gradient norm, whose finiteness decides the step. With
+`compute_dtype=torch.bfloat16` forwards run under autocast (matmuls in bf16; log-probs,
+entropies and losses in float32) and `named_weights` gives bf16 copies, what the rollout
+engines hold.
 
 It does not know about pipelines or engines, and starts no processes.
 """
@@ -61,7 +65,15 @@ from asyncrl.algorithms.policy_loss import _FORCED_AGG_MODE, compute_policy_loss
 from asyncrl.config.schema import ActorConfig
 from asyncrl.models.tensors import export_named
 from asyncrl.training import fsdp, packing
-from asyncrl.training.batch import TrainBatch, map_micro_batches, mean_over_mini_batches, micro_batches
+from asyncrl.training.batch import (
+    Metrics,
+    TrainBatch,
+    host_rows,
+    map_micro_batches,
+    mean_over_mini_batches,
+    micro_batches,
+    to_host,
+)
 from asyncrl.training.lora import is_lora, load_lora, merged_named, save_lora
 from asyncrl.training.optim import LRSchedule, make_optimizer, resolve_warmup, seed_state, set_seed_state
 from asyncrl.training.vocab_chunks import choose_head, fused_head
@@ -85,15 +97,15 @@ class _Accumulated:
     tokens: float = 0.0
     seqs: float = 0.0
     rows: int = 0
-    metrics: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    metrics: Metrics = field(default_factory=lambda: defaultdict(float))
 
-    def add(self, batch: TrainBatch, metrics: dict[str, float]) -> None:
+    def add(self, batch: TrainBatch, metrics: Metrics) -> None:
         counts = _counts(batch)
         self.tokens += counts["global_token_count"]
         self.seqs += counts["global_seq_count"]
         self.rows += batch.size
         for k, v in metrics.items():
-            self.metrics[k] += v
+            self.metrics[k] = self.metrics[k] + v
 
     def count(self, mode: str) -> float:
         """The whole batch's denominator of `mode` (never below 1, as in `agg_loss`)."""
@@ -101,9 +113,15 @@ class _Accumulated:
 
 
 def _counts(batch: TrainBatch) -> dict[str, float]:
-    """Response tokens and non-empty sequences of `batch`, as `agg_loss`'s global counts."""
-    return {"global_token_count": float(batch.response_mask.sum()),
-            "global_seq_count": float((batch.response_mask.sum(-1) > 0).sum())}
+    """Response tokens and non-empty sequences of `batch`, as `agg_loss`'s global counts (from
+    its host-side facts: no device read)."""
+    host = host_rows(batch)
+    return {"global_token_count": host.tokens(), "global_seq_count": host.sequences()}
+
+
+def _f64(value: torch.Tensor | float) -> torch.Tensor | float:
+    """A metric as a float64 term of a sum (a device tensor stays there), as Python sums floats."""
+    return value.detach().double() if isinstance(value, torch.Tensor) else value
 
 
 def autocast(device: torch.device, dtype: torch.dtype) -> torch.autocast:
@@ -254,7 +272,7 @@ class Actor:
         self.model.eval()
         here = batch.to(self._device())
         map_rows = fsdp.map_rank_micro_batches if self.sharded else map_micro_batches
-        out = map_rows(here, self.cfg.ppo_micro_batch_tokens, self._log_probs, self.pack) * here.response_mask
+        out = map_rows(here, self.cfg.log_prob_micro_batch_tokens, self._log_probs, self.pack) * here.response_mask
         return out.to(batch.responses.device)
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
@@ -268,7 +286,7 @@ class Actor:
         metrics = mean_over_mini_batches(batch.to(self._device()), self.cfg.ppo_epochs, num_mini_batches,
                                          self._mini_batch_step)
         self.version += 1
-        return metrics | {"actor/lr": self._last_lr}
+        return to_host(metrics) | {"actor/lr": self._last_lr}
 
     def accumulate(self, batch: TrainBatch) -> None:
         """Add the gradient of this chunk's loss sum (unnormalised; see the module docstring).
@@ -293,7 +311,7 @@ class Actor:
         metrics = {k: v / self._metric_count(k, acc) for k, v in acc.metrics.items()}
         metrics["actor/grad_norm"] = self._clip_and_step()
         self.version += 1
-        return metrics | {"actor/lr": self._last_lr}
+        return to_host(metrics) | {"actor/lr": self._last_lr}
 
     def _pg_mode(self) -> str:
         """The policy loss's agg mode (gspo forces its own), which must be every gradient term's."""
@@ -308,19 +326,19 @@ class Actor:
             return float(max(acc.rows, 1))
         return acc.count(self._pg_mode() if key == "actor/pg_loss" else self.cfg.loss_agg_mode)
 
-    def _mini_batch_step(self, mini: TrainBatch) -> dict[str, float]:
+    def _mini_batch_step(self, mini: TrainBatch) -> Metrics:
         assert self._pending is None, "train_step between accumulate and apply_update"
         self.optimizer.zero_grad(set_to_none=True)
         metrics = self._backward(mini, _counts(mini), rows=mini.size)
         metrics["actor/grad_norm"] = self._clip_and_step()
         return metrics
 
-    def _backward(self, batch: TrainBatch, counts: dict[str, float], rows: int) -> dict[str, float]:
+    def _backward(self, batch: TrainBatch, counts: dict[str, float], rows: int) -> Metrics:
         """Backward of each micro-batch's loss over `counts`: loss-like metrics summed, ratio-like
         ones (token means) weighted by micro-batch rows / `rows`; sharded: each rank's part by its
-        share of the micro-batch's tokens, then summed over the ranks."""
+        share of the micro-batch's tokens, then summed over the ranks. Sums stay on the device."""
         self.model.train()
-        metrics: dict[str, float] = defaultdict(float)
+        metrics: Metrics = defaultdict(float)
         for mb_rows, mb, mean_rows in self._micro_batches(batch):
             # Each micro-batch loss is its share of the aggregate over `counts` (global counts), so
             # the summed gradients equal one pass over the whole batch for every agg mode, whatever
@@ -329,7 +347,7 @@ class Actor:
             # No rows: a sharded rank's stand-in row, run for the collectives and counted as nothing.
             (loss if mb_rows else loss * 0.0).backward()
             for k, v in mb_metrics.items():
-                metrics[k] += v * (mean_rows / rows if k in _AVERAGED else float(bool(mb_rows)))
+                metrics[k] = metrics[k] + _f64(v) * (mean_rows / rows if k in _AVERAGED else float(bool(mb_rows)))
         return fsdp.all_reduce_sum(metrics, self._device()) if self.sharded else metrics
 
     def _micro_batches(self, batch: TrainBatch) -> Iterator[tuple[list[int], TrainBatch, float]]:
@@ -346,15 +364,17 @@ class Actor:
     def _clip_and_step(self) -> float:
         """Clip, step the optimizer (skipped on a non-finite norm) and the schedule; the norm.
         `actor/lr` reports the rate this (last) step used, as verl logs it."""
-        # sharded: the norm of the full gradient (a DTensor over the ranks' shards)
-        grad_norm = fsdp.full_norm(nn.utils.clip_grad_norm_(self._trainable(), self.cfg.grad_clip))
+        # sharded: the norm of the full gradient (a DTensor over the ranks' shards); its finiteness
+        # decides the step, the one host read of an optimizer step
+        norm = fsdp.full_norm(nn.utils.clip_grad_norm_(self._trainable(), self.cfg.grad_clip))
+        grad_norm = to_host({"actor/grad_norm": norm})["actor/grad_norm"]
         self._last_lr = float(self.scheduler.get_last_lr()[0])
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.scheduler.step()
         return grad_norm
 
-    def _micro_batch_loss(self, mb: TrainBatch, counts: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_batch_loss(self, mb: TrainBatch, counts: dict[str, float]) -> tuple[torch.Tensor, Metrics]:
         cfg = self.cfg
         assert mb.advantages is not None
         out = response_logits(self.model, mb, self.compute_dtype, self.pack,
@@ -363,21 +383,21 @@ class Actor:
         # None: this forward runs on the weights that generated the batch (one optimizer step
         # per batch, see `train_step`), so its log-probs, detached, are the old ones exactly.
         old = log_prob.detach() * mb.response_mask if mb.old_log_probs is None else mb.old_log_probs
-        loss, metrics = compute_policy_loss(
+        loss, pg_metrics = compute_policy_loss(
             cfg.policy_loss, old, log_prob, mb.advantages, mb.response_mask,
             loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
             is_weights=mb.is_weights, norm_length=self.norm_length, **counts)
         # at the sampling temperature, as the log-probs (and verl's entropy) are
         entropy = self._agg(out.entropies(self.temperature, grad=bool(cfg.entropy_coeff)), mb, counts)
-        metrics = dict(metrics) | {"actor/entropy": float(entropy.detach())}
+        metrics: Metrics = {**pg_metrics, "actor/entropy": entropy.detach()}
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * entropy
         if cfg.use_kl_loss:
             assert mb.ref_log_probs is not None, "actor.use_kl_loss needs reference log-probs"
             kl = self._agg(kl_penalty(log_prob, mb.ref_log_probs, cfg.kl_loss_type), mb, counts)
             loss = loss + cfg.kl_loss_coef * kl
-            metrics |= {"actor/kl_loss": float(kl.detach()), "actor/kl_coef": cfg.kl_loss_coef}
+            metrics |= {"actor/kl_loss": kl.detach(), "actor/kl_coef": cfg.kl_loss_coef}
         return loss, metrics
 
     def _agg(self, values: torch.Tensor, mb: TrainBatch, counts: dict[str, float]) -> torch.Tensor:

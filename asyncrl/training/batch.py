@@ -7,19 +7,92 @@ Micro-batches are length-aware: rows sorted by length, grouped to keep padding l
 group cut to the columns its own rows use (`plan_micro_batches`, `trim`). When the trainer packs
 (`asyncrl.training.packing`), a group costs its rows' real tokens instead of rows x width, and
 rows are filled first-fit decreasing into groups within the budget (`fill_micro_batches`).
+
+No plan reads a device tensor: the per-row facts every plan needs (`HostRows`: spans, real
+tokens, response-token counts) are read once from the CPU tensors where the batch is built,
+before `TrainBatch.to` moves it, and travel with it. A planned batch is reordered once (one
+gather), so its micro-batches are slices (views) and no index is copied to the device per
+micro-batch; results are put back in row order with one index at the end (`fill_rows`).
+Metrics stay device tensors until `to_host` brings a step's worth over in one transfer.
 This module does not compute anything RL-specific; it only arranges data.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from asyncrl.types import Group
+
+Metrics = dict[str, torch.Tensor | float]
+"""Step metrics before `to_host`: 0-dim device tensors (float64 sums) and plain floats."""
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device`; a CPU tensor goes to a GPU from pinned memory, asynchronously, so the copy
+    waits for nothing on the host (what the CUDA stream already runs is undisturbed)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def to_host(metrics: Mapping[str, torch.Tensor | float]) -> dict[str, float]:
+    """The metrics as floats, every tensor among them read in one transfer (a host sync)."""
+    keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in metrics.items() if not isinstance(v, torch.Tensor)}
+    if keys:
+        values = torch.stack([metrics[k].detach().double() for k in keys]).tolist()  # type: ignore[union-attr]
+        out |= dict(zip(keys, values, strict=True))
+    return {k: out[k] for k in metrics}
+
+
+@dataclass(frozen=True)
+class HostRows:
+    """Per-row facts (Python numbers) that micro-batch and packing plans need, read from the
+    batch's tensors once, on the CPU where it is built, so that planning reads no device tensor."""
+
+    prompt_B: tuple[int, ...]  # columns each row needs left of P (`row_spans`)
+    response_B: tuple[int, ...]  # columns each row needs from P on (`row_spans`)
+    prompt_real_B: tuple[int, ...]  # attended prompt tokens
+    response_real_B: tuple[int, ...]  # attended response tokens
+    tokens_B: tuple[float, ...]  # response_mask summed over the row
+    contiguous_B: tuple[bool, ...]  # attended tokens are columns [P - prompt_real, P + response_real), and a
+    # response token has one before it: what `packing.pack` needs
+
+    @staticmethod
+    def read(batch: TrainBatch) -> HostRows:
+        """`batch`'s facts, in one read of its tensors (a host sync only for a batch that is on a
+        device already without them)."""
+        P = batch.prompt_width
+        keep = batch.attention_mask != 0  # (B, P+T)
+        prompt_real, response_real = keep[:, :P].sum(-1), keep[:, P:].sum(-1)
+        cols = torch.arange(keep.shape[1], device=keep.device)
+        run = (cols >= P - prompt_real[:, None]) & (cols < P + response_real[:, None])  # (B, P+T)
+        contiguous = (run == keep).all(-1) & ((prompt_real > 0) | (response_real == 0))
+        columns = [*row_spans(batch), prompt_real, response_real, batch.response_mask.sum(-1), contiguous]
+        facts = torch.stack([c.double() for c in columns]).tolist()  # (6, B)
+        spans_p, spans_r, real_p, real_r = (tuple(int(x) for x in row) for row in facts[:4])
+        return HostRows(spans_p, spans_r, real_p, real_r, tuple(facts[4]), tuple(bool(x) for x in facts[5]))
+
+    def take(self, rows: Sequence[int] | slice) -> HostRows:
+        """The facts of `rows` (a list of rows, or a slice)."""
+        def pick(values: tuple[Any, ...]) -> tuple[Any, ...]:
+            return values[rows] if isinstance(rows, slice) else tuple(values[r] for r in rows)
+
+        return HostRows(*(pick(getattr(self, f.name)) for f in fields(self)))
+
+    def tokens(self) -> float:
+        """Response tokens of the rows (`agg_loss`'s global token count)."""
+        return float(sum(self.tokens_B))
+
+    def sequences(self) -> float:
+        """Rows with at least one response token (`agg_loss`'s global sequence count)."""
+        return float(sum(1 for t in self.tokens_B if t > 0))
 
 
 @dataclass
@@ -42,34 +115,45 @@ class TrainBatch:
     returns: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    host: HostRows | None = None  # the rows' plan facts, set by `to` (read from the CPU batch)
 
     @property
     def size(self) -> int:
         return int(self.responses.shape[0])
 
     def to(self, device: torch.device) -> TrainBatch:
-        """The batch on `device` (itself when it is there already): the pipeline builds batches on
-        the CPU, a trainer on another device moves each batch it is handed."""
+        """The batch on `device` (itself when it is there already: its plans read its tensors
+        there), its `host` facts read first, on the CPU batch the pipeline built: a trainer on
+        another device moves each batch it is handed, and plans from them."""
         if self.responses.device == device:
             return self
-        out: dict[str, Any] = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+        planned = self if self.host is not None else replace(self, host=HostRows.read(self))
+        out: dict[str, Any] = {f.name: to_device(getattr(self, f.name), device) for f in fields(self)
                                if isinstance(getattr(self, f.name), torch.Tensor)}
-        return replace(self, extras={k: v.to(device) for k, v in self.extras.items()}, **out)
+        return replace(planned, extras={k: to_device(v, device) for k, v in self.extras.items()}, **out)
 
-    def select(self, rows: Sequence[int] | torch.Tensor) -> TrainBatch:
-        """A sub-batch of the given rows (tensors indexed, lists picked)."""
-        idx = torch.as_tensor(rows, dtype=torch.long, device=self.responses.device)
+    def select(self, rows: Sequence[int]) -> TrainBatch:
+        """A sub-batch of the given rows (tensors gathered with one index copied to their device,
+        lists picked)."""
+        idx = to_device(torch.tensor(list(rows), dtype=torch.long), self.responses.device)
+        return self._rows(lambda v: v.index_select(0, idx), list(rows))
+
+    def sliced(self, rows: slice) -> TrainBatch:
+        """A sub-batch of the rows `rows` picks (`slice(start, stop, step)`): views, no index."""
+        return self._rows(lambda v: v[rows], rows)
+
+    def _rows(self, take: Callable[[torch.Tensor], torch.Tensor], rows: Sequence[int] | slice) -> TrainBatch:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, torch.Tensor):
-                out[f.name] = value[idx]
+                out[f.name] = take(value)
             elif f.name == "index":
-                out[f.name] = [value[i] for i in idx.tolist()]
+                out[f.name] = value[rows] if isinstance(rows, slice) else [value[i] for i in rows]
             elif f.name == "extras":
-                out[f.name] = {k: v[idx] for k, v in value.items()}
-            else:
-                out[f.name] = value
+                out[f.name] = {k: take(v) for k, v in value.items()}
+            elif f.name == "host":
+                out[f.name] = None if value is None else value.take(rows)
         return replace(self, **out)
 
 
@@ -109,14 +193,15 @@ def split_rows(n_rows: int, n_parts: int) -> list[list[int]]:
 
 
 def mean_over_mini_batches(batch: TrainBatch, epochs: int, num_mini_batches: int,
-                           step: Callable[[TrainBatch], dict[str, float]]) -> dict[str, float]:
-    """Run `step` on every mini-batch of every epoch; the metrics averaged over those calls."""
-    sums: dict[str, float] = defaultdict(float)
+                           step: Callable[[TrainBatch], Metrics]) -> Metrics:
+    """Run `step` on every mini-batch (consecutive rows, a slice) of every epoch; the metrics
+    averaged over those calls, tensors staying tensors."""
+    sums: Metrics = defaultdict(float)
     n = 0
     for _ in range(epochs):
         for rows in split_rows(batch.size, num_mini_batches):
-            for k, v in step(batch.select(rows)).items():
-                sums[k] += v
+            for k, v in step(batch.sliced(slice(rows[0], rows[-1] + 1))).items():
+                sums[k] = sums[k] + v
             n += 1
     return {k: v / max(n, 1) for k, v in sums.items()}
 
@@ -211,15 +296,25 @@ def fill_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
     return groups
 
 
+def host_rows(batch: TrainBatch) -> HostRows:
+    """`batch.host`, or read from its tensors (free on the CPU) for a batch not moved by `to`."""
+    return batch.host if batch.host is not None else HostRows.read(batch)
+
+
 def micro_batches(batch: TrainBatch, token_budget: int,
                   packed: bool = False) -> Iterator[tuple[list[int], TrainBatch]]:
     """(rows, micro-batch) pairs: rows as `plan_micro_batches` groups them (`packed`: by real
-    tokens), each micro-batch trimmed to the columns its rows need. Rows come out reordered;
-    see `map_micro_batches`."""
-    prompt_B, response_B = (x.tolist() for x in row_spans(batch))
-    for rows in plan_micro_batches(prompt_B, response_B, token_budget, packed=packed):
-        mb = batch.select(rows)
-        yield rows, trim(mb, max(prompt_B[r] for r in rows), max(response_B[r] for r in rows))
+    tokens), each micro-batch trimmed to the columns its rows need. Planned from `host_rows`; the
+    batch is reordered once, group after group, so each micro-batch is a slice of it. Rows come
+    out reordered; see `map_micro_batches`."""
+    host = host_rows(batch)
+    groups = plan_micro_batches(host.prompt_B, host.response_B, token_budget, packed=packed)
+    ordered = replace(batch, host=host).select([r for rows in groups for r in rows])
+    start = 0
+    for rows in groups:
+        mb = ordered.sliced(slice(start, start + len(rows)))
+        start += len(rows)
+        yield rows, trim(mb, max(host.prompt_B[r] for r in rows), max(host.response_B[r] for r in rows))
 
 
 def map_micro_batches(batch: TrainBatch, token_budget: int, fn: Callable[[TrainBatch], torch.Tensor],
@@ -232,13 +327,16 @@ def map_micro_batches(batch: TrainBatch, token_budget: int, fn: Callable[[TrainB
 def fill_rows(batch: TrainBatch, parts: Iterable[tuple[list[int], TrainBatch]],
               fn: Callable[[TrainBatch], torch.Tensor]) -> torch.Tensor:
     """`fn` run on every part; each result written at its `rows` of a zero (B, T) tensor (a part
-    with no rows is run and dropped)."""
-    out: torch.Tensor | None = None
+    with no rows is run and dropped), all parts at once after the last, with one index."""
+    T = batch.responses.shape[1]
+    results, rows_all, last = [], [], None
     for rows, mb in parts:
-        part = fn(mb)
-        if out is None:
-            out = part.new_zeros((batch.size, batch.responses.shape[1]))
+        last = fn(mb)
         if rows:
-            out[rows, : part.shape[1]] = part
-    assert out is not None, "an empty batch has no micro-batches"
-    return out
+            results.append(F.pad(last, (0, T - last.shape[1])))  # (rows, T)
+            rows_all += rows
+    assert last is not None, "an empty batch has no micro-batches"
+    out = last.new_zeros((batch.size, T))
+    if not rows_all:
+        return out
+    return out.index_copy(0, to_device(torch.tensor(rows_all), out.device), torch.cat(results))

@@ -3,7 +3,9 @@
 Values are read at the positions that predict each response token (the state before it),
 matching verl. Value loss with clipping comes from the pure `asyncrl.algorithms.value_loss`.
 With `use_remove_padding` the body runs on each micro-batch's rows packed into one sequence
-(`asyncrl.training.packing`), as the actor does.
+(`asyncrl.training.packing`), as the actor does. As in the actor, the micro-batch loop reads
+nothing back from the device: weights come from the batch's host-side facts and the metrics
+reach the host once per `train_step`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from asyncrl.algorithms.value_loss import compute_value_loss
 from asyncrl.config.schema import CriticConfig
 from asyncrl.training import packing
 from asyncrl.training.actor import autocast, model_device
-from asyncrl.training.batch import TrainBatch, map_micro_batches, mean_over_mini_batches, micro_batches
+from asyncrl.training.batch import (
+    Metrics,
+    TrainBatch,
+    host_rows,
+    map_micro_batches,
+    mean_over_mini_batches,
+    micro_batches,
+    to_host,
+)
 from asyncrl.training.optim import LRSchedule, make_optimizer
 
 if TYPE_CHECKING:
@@ -53,13 +63,14 @@ class ValueModel(nn.Module):
 
 class Critic:
     def __init__(self, causal_lm: PreTrainedModel, cfg: CriticConfig, *, micro_batch_tokens: int,
-                 loss_agg_mode: str, compute_dtype: torch.dtype = torch.float32,
+                 forward_micro_batch_tokens: int, loss_agg_mode: str, compute_dtype: torch.dtype = torch.float32,
                  use_remove_padding: bool = True) -> None:
         self.model = ValueModel(causal_lm, compute_dtype, use_remove_padding)
         if use_remove_padding:
             packing.enable_packing(self.model.body, logits=False)
         self.cfg = cfg
-        self.micro_batch_tokens = micro_batch_tokens
+        self.micro_batch_tokens = micro_batch_tokens  # training; values are forward-only:
+        self.forward_micro_batch_tokens = forward_micro_batch_tokens
         self.loss_agg_mode = loss_agg_mode
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg.lr, 0.0, (0.9, 0.999),
                                                         LRSchedule(warmup_steps=cfg.warmup_steps))
@@ -68,31 +79,31 @@ class Critic:
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
         here = batch.to(model_device(self.model))
-        return (map_micro_batches(here, self.micro_batch_tokens, self.model, self.model.pack) * here.response_mask).to(
-            batch.responses.device)
+        values = map_micro_batches(here, self.forward_micro_batch_tokens, self.model, self.model.pack)
+        return (values * here.response_mask).to(batch.responses.device)
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         assert batch.values is not None and batch.returns is not None
         self.model.train()
-        return mean_over_mini_batches(batch.to(model_device(self.model)), self.cfg.ppo_epochs, num_mini_batches,
-                                      self._mini_batch_step)
+        return to_host(mean_over_mini_batches(batch.to(model_device(self.model)), self.cfg.ppo_epochs,
+                                              num_mini_batches, self._mini_batch_step))
 
-    def _mini_batch_step(self, mini: TrainBatch) -> dict[str, float]:
+    def _mini_batch_step(self, mini: TrainBatch) -> Metrics:
         self.optimizer.zero_grad(set_to_none=True)
-        total = float(mini.response_mask.sum())
-        metrics: dict[str, float] = defaultdict(float)
+        total = host_rows(mini).tokens()
+        metrics: Metrics = defaultdict(float)
         for _, mb in micro_batches(mini, self.micro_batch_tokens, self.model.pack):
-            weight = float(mb.response_mask.sum()) / max(total, 1.0)
+            weight = host_rows(mb).tokens() / max(total, 1.0)
             assert mb.values is not None and mb.returns is not None
             loss, m = compute_value_loss(self.model(mb), mb.values, mb.returns, mb.response_mask,
                                          self.cfg.cliprange_value, "token-mean")
             (loss * weight).backward()
             for k, v in m.items():
-                metrics[k] += float(v) * weight
+                metrics[k] = metrics[k] + v.double() * weight
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        metrics["critic/grad_norm"] = float(grad_norm)
+        metrics["critic/grad_norm"] = grad_norm.detach().double()
         return metrics
 
     def save(self, path: Path) -> None:

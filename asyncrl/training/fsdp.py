@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from asyncrl.training.batch import TrainBatch, fill_rows, micro_batches
+from asyncrl.training.batch import Metrics, TrainBatch, fill_rows, host_rows, micro_batches
 
 
 def world() -> tuple[int, int]:
@@ -87,9 +87,9 @@ def rank_micro_batches(batch: TrainBatch, token_budget: int,
     rank, size = world()
     for rows, mb in micro_batches(batch, token_budget, packed):
         mine = list(range(rank, len(rows), size))
-        part = mb.select(mine or [0])
-        tokens = float(mb.response_mask.sum())
-        share = float(part.response_mask.sum()) / tokens if tokens else len(mine) / len(rows)
+        part = mb.sliced(slice(rank, None, size) if mine else slice(0, 1))  # views
+        tokens = host_rows(mb).tokens()
+        share = host_rows(part).tokens() / tokens if tokens else len(mine) / len(rows)
         yield [rows[i] for i in mine], part, len(rows) * share if mine else 0.0
 
 
@@ -104,14 +104,22 @@ def map_rank_micro_batches(batch: TrainBatch, token_budget: int, fn: Callable[[T
     return out
 
 
-def all_reduce_sum(values: Mapping[str, float], device: torch.device) -> dict[str, float]:
-    """Each metric summed over the ranks (same keys on every rank), in one collective."""
+def all_reduce_sum(values: Mapping[str, torch.Tensor | float], device: torch.device) -> Metrics:
+    """Each metric summed over the ranks (same keys on every rank), in one collective; the sums
+    stay on `device` (float64)."""
     if not is_sharded() or not values:
         return dict(values)
     keys = sorted(values)
-    total = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    total = torch.stack([_on(values[k], device) for k in keys])
     dist.all_reduce(total)
-    return dict(zip(keys, total.tolist(), strict=True))
+    return dict(zip(keys, total.unbind(), strict=True))
+
+
+def _on(value: torch.Tensor | float, device: torch.device) -> torch.Tensor:
+    """A float64 0-dim tensor on `device`; a float is filled in there, not copied from the host."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device, torch.float64)
+    return torch.full((), value, dtype=torch.float64, device=device)
 
 
 def full_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -123,11 +131,11 @@ def full_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
             for name, p in model.named_parameters()}
 
 
-def full_norm(norm: torch.Tensor) -> float:
-    """A gradient norm that may be a DTensor (sharded parameters) as a float."""
+def full_norm(norm: torch.Tensor) -> torch.Tensor:
+    """A gradient norm that may be a DTensor (sharded parameters) as a plain tensor."""
     from torch.distributed.tensor import DTensor
 
-    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:

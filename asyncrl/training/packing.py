@@ -17,6 +17,10 @@ each of the R per-token results back at its (row, column) of the (B, T) response
 at padding, so log-probs, entropies, values and every loss are computed as in the padded path.
 Linear layers and the head run on real tokens only; attention costs sum(row length^2).
 
+The packing plan (which tokens, the rows' boundaries, the longest row) is computed on the CPU
+from the batch's `HostRows`, read where the batch was built: its indices go to the device in one
+asynchronous copy and the tokens are gathered there, with no host synchronisation.
+
 Not here: planning which rows share a micro-batch (`batch.plan_micro_batches`, which counts
 real tokens when packing), the attention kernels (`packed_attention`) or any loss math.
 """
@@ -30,8 +34,8 @@ import torch
 from torch import Tensor, nn
 
 from asyncrl.errors import ConfigError
-from asyncrl.training.batch import TrainBatch
-from asyncrl.training.packed_attention import use_packed_attention
+from asyncrl.training.batch import HostRows, TrainBatch, host_rows, to_device
+from asyncrl.training.packed_attention import ROWS, use_packed_attention
 
 KEY = "model.use_remove_padding"
 
@@ -44,15 +48,18 @@ class Packed:
     position_ids: Tensor  # (1, N), 0 at each row's first token
     predicts: Tensor  # (R,) the packed position whose output predicts each real response token
     labels: Tensor  # (R,) those response tokens, row by row
-    real: Tensor  # (B, T) bool: the real response tokens (R of them)
+    real: Tensor  # (R,) where each real response token sits in the (B, T) layout, flattened
+    shape: tuple[int, int]  # (B, T), the response layout
     bounds: Tensor  # (B+1,) int32: row i is input_ids[0, bounds[i] : bounds[i+1]]
+    lengths: tuple[int, ...]  # (B,) each row's tokens, host ints: packed attention plans from them
     longest: int  # the longest row's tokens
 
     def forward_kwargs(self) -> dict[str, Any]:
         """What a transformers model takes to run these rows: ids, positions and the rows'
         boundaries (flash attention's names; `packed_attention` reads them too)."""
         return dict(input_ids=self.input_ids, position_ids=self.position_ids, cu_seq_lens_q=self.bounds,
-                    cu_seq_lens_k=self.bounds, max_length_q=self.longest, max_length_k=self.longest)
+                    cu_seq_lens_k=self.bounds, max_length_q=self.longest, max_length_k=self.longest,
+                    **{ROWS: self.lengths})
 
 
 def pack(batch: TrainBatch) -> Packed:
@@ -60,26 +67,47 @@ def pack(batch: TrainBatch) -> Packed:
 
     Needs contiguous rows (left-padded prompt, right-padded response) whose `position_ids` count
     from 0 at their first real token, as `build_batch` makes them: the rotary positions stay
-    those of the padded rows.
+    those of the padded rows. Planned on the CPU (`plan`); on the device only gathers run.
     Example: P = 2, T = 2, attention [[0, 1 | 1, 0], [1, 1 | 1, 1]] -> ids of the 1s, positions
     [0, 1, 0, 1, 2, 3], predicts [0, 3, 4] (row 0's prompt token, row 1's 2nd and 3rd tokens)."""
-    keep = batch.attention_mask != 0  # (B, P+T)
-    P = batch.prompt_width
-    real = keep[:, P:]  # (B, T)
-    slot = keep.flatten().cumsum(0).view(keep.shape) - 1  # (B, P+T): packed position of each kept token
-    before = keep[:, P - 1 : -1]  # (B, T): the token before each response column
-    assert bool(before[real].all()), "a real response token without a real token before it: rows must be contiguous"
-    lengths = keep.sum(-1)  # (B,)
-    bounds = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    return Packed(input_ids=batch.input_ids[keep][None], position_ids=batch.position_ids[keep][None],
-                  predicts=slot[:, P - 1 : -1][real], labels=batch.responses[real], real=real, bounds=bounds,
-                  longest=int(lengths.max()))
+    P, T = batch.prompt_width, batch.responses.shape[1]
+    host = host_rows(batch)
+    assert all(host.contiguous_B), "a real response token without a real token before it: rows must be contiguous"
+    index = plan(host, P, T)
+    device = batch.input_ids.device
+    gather, predicts, real, bounds = to_device(torch.cat(index), device).split([len(i) for i in index])
+    lengths = tuple(p + r for p, r in zip(host.prompt_real_B, host.response_real_B, strict=True))
+    return Packed(input_ids=batch.input_ids.reshape(-1).index_select(0, gather)[None],
+                  position_ids=batch.position_ids.reshape(-1).index_select(0, gather)[None],
+                  predicts=predicts, labels=batch.responses.reshape(-1).index_select(0, real), real=real,
+                  shape=(batch.size, T), bounds=bounds.to(torch.int32),
+                  lengths=lengths, longest=max(lengths))
+
+
+def plan(host: HostRows, P: int, T: int) -> list[Tensor]:
+    """CPU indices of contiguous rows packed end to end: (gather (N,) into the flattened
+    (B, P+T) tokens, predicts (R,) packed positions, real (R,) into the flattened (B, T)
+    responses, bounds (B+1,)). Row i's tokens are its columns [P - prompt_i, P + response_i).
+    Example: P = 2, T = 2, prompt (1, 2), response (1, 2) -> gather [1, 2, 4, 5, 6, 7], predicts
+    [0, 3, 4], real [0, 2, 3], bounds [0, 2, 6]."""
+    prompt = torch.tensor(host.prompt_real_B, dtype=torch.long)  # (B,)
+    response = torch.tensor(host.response_real_B, dtype=torch.long)
+    lengths = prompt + response
+    bounds = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))  # (B+1,)
+    rows = torch.arange(len(lengths))
+    first = rows * (P + T) + P - prompt  # each row's first token in the flattened (B, P+T)
+    gather = torch.repeat_interleave(first - bounds[:-1], lengths) + torch.arange(int(bounds[-1]))
+    step = torch.arange(int(response.sum())) - torch.repeat_interleave(response.cumsum(0) - response, response)
+    predicts = torch.repeat_interleave(bounds[:-1] + prompt - 1, response) + step
+    real = torch.repeat_interleave(rows * T, response) + step
+    return [gather, predicts, real, bounds]
 
 
 def unpack(values_R: Tensor, packed: Packed) -> Tensor:
     """Per-response-token `values_R` (R,) at their rows and columns, zeros elsewhere; the
     gradient flows back to `values_R`. # (B, T)"""
-    return values_R.new_zeros(packed.real.shape).masked_scatter(packed.real, values_R)
+    B, T = packed.shape
+    return values_R.new_zeros(B * T).index_copy(0, packed.real, values_R).view(B, T)
 
 
 def enable_packing(model: nn.Module, logits: bool = True) -> None:

@@ -28,6 +28,9 @@ def test_vanilla_clip_higher_and_dual_clip_hand_example() -> None:
     # per token: -1.2 (clipped high), 3.0 (dual clip), -0.5 (unclipped), 0.8 (clipped low)
     close(loss, torch.tensor((-1.2 + 3.0 - 0.5 + 0.8) / 4, dtype=torch.float64))
     assert m.keys() == METRIC_KEYS
+    # device tensors, detached, so that a trainer reads them once per step
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad for v in m.values())
+    m = {k: float(v) for k, v in m.items()}
     assert m["actor/pg_clipfrac"] == pytest.approx(0.5, abs=1e-9)
     assert m["actor/pg_clipfrac_lower"] == pytest.approx(0.25, abs=1e-9)
     assert m["actor/ppo_kl"] == pytest.approx(-(math.log(1.5) + math.log(5) + 2 * math.log(0.5)) / 4, abs=1e-9)
@@ -155,7 +158,7 @@ def test_masked_positions_change_nothing(name: str, fill: float | None) -> None:
         loss, metrics = compute_policy_loss(name, f(old), leaf, f(adv), mask, is_weights=f(weights),
                                             clip_ratio_low=0.1, clip_ratio_high=0.1)
         loss.backward()
-        results.append((loss.detach(), leaf.grad, metrics))
+        results.append((loss.detach(), leaf.grad, {k: float(v) for k, v in metrics.items()}))
     close(results[1][0], results[0][0])
     close(results[1][1], results[0][1])
     assert torch.all(results[1][1][mask == 0] == 0)

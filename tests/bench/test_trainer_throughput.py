@@ -34,6 +34,7 @@ def test_defaults_run_first_and_ab_configurations_run_while_they_fit(tmp_path, m
     assert packed["status"] == budget["status"] == "ran" and budget["micro_batch_tokens"] == 8192
     assert packed["micro_batch_tokens"] > 0 and packed["steps"] == 1
     assert packed["attention_path"] == "grouped" and packed["attention_calls"]["grouped"] > 0  # the CPU's path
+    assert packed["head"].startswith("full logits")  # the tiny vocabulary keeps full logits on the CPU
     for key in ("backward_s_median", "optimizer_s_median", "tokens_per_s", "tflops_executed", "peak_rss_gb"):
         assert packed[key] > 0, key
     assert packed["forward_s_median"] > 0
