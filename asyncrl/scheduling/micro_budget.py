@@ -43,7 +43,8 @@ ROUND_TOKENS = 1024
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The sizes of a decoder with a gated MLP that set its training memory."""
+    """The sizes of a decoder with a gated MLP that set its training memory and its FLOPs
+    (`telemetry.perf`)."""
 
     hidden_size: int
     intermediate_size: int
@@ -52,7 +53,7 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
-    tied_embeddings: bool
+    tied_embeddings: bool = False
 
     @classmethod
     def from_hf(cls, config: Any) -> ModelShape | None:

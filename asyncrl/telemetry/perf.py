@@ -23,11 +23,11 @@ from __future__ import annotations
 import resource
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from asyncrl.scheduling.micro_budget import ModelShape
 from asyncrl.types import Group
 
 if TYPE_CHECKING:
@@ -38,30 +38,6 @@ GB = 1024**3
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s per device, as verl's get_device_flops.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H800": 989e12, "H200": 989e12, "H20": 148e12,
                    "A100": 312e12, "A800": 312e12}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the FLOPs of a decoder-only transformer with a gated MLP depend on."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-
-    @classmethod
-    def from_hf(cls, config: Any) -> ModelShape | None:
-        """From a transformers config; None when it lacks a field (FLOPs then unknown)."""
-        try:
-            heads = config.num_attention_heads
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-            return cls(config.hidden_size, config.intermediate_size, config.num_hidden_layers, heads,
-                       getattr(config, "num_key_value_heads", None) or heads, head_dim, config.vocab_size)
-        except AttributeError:
-            return None
 
 
 def dense_params(shape: ModelShape) -> int:

@@ -55,7 +55,7 @@ def test_grouped_query_attention_counts_fewer_kv_parameters():
 def test_model_shape_from_an_hf_config():
     shape = ModelShape.from_hf(tiny_lm().config)
     assert shape == ModelShape(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                               num_kv_heads=2, head_dim=8, vocab_size=32)
+                               num_kv_heads=2, head_dim=8, vocab_size=32, tied_embeddings=True)
     assert ModelShape.from_hf(None) is None
 
 
