@@ -21,7 +21,7 @@ TRAINER_TEXT = [
     "`Actor.train_step` on random long-tailed rows, the actor built by the run's own factory from the device's "
     "defaults plus each configuration's overrides (so it runs the budget, attention path and precision a run "
     "resolves). The defaults run first whatever `--time-budget-s`; the A/B configurations (grouped attention at "
-    "CALL_COST 8192, budget 8192, autocast, compiled, checkpointing, padded) run while the longest configuration so "
+    "CALL_COST 8192, budget 8192, checkpointing, padded) run while the longest configuration so "
     "far still fits, else they are listed as skipped, as is one whose key this tree lacks. MFU (verl) is verl's "
     "estimate (6 x params with embedding and head x tokens + 12 x sum s^2 attention) over the GPU's bf16 peak; "
     "MFU (executed) counts what runs (no embedding, the head on response tokens only, causal attention pairs, "
@@ -43,7 +43,9 @@ def last_run(name: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     if not path.exists():
         return None
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    start = max(i for i, r in enumerate(lines) if "meta" in r)
+    start = max((i for i, r in enumerate(lines) if "meta" in r), default=None)
+    if start is None:  # a run stopped before its meta line
+        return None
     return lines[start]["meta"], lines[start + 1:]
 
 

@@ -11,13 +11,12 @@ path, precision, compilation) the bench runs too, and reports what it resolved.
 
 Configurations (`SETUPS`, in this order): the defaults first (`packed`: packed rows, the
 attention path `auto` picks, the device's micro-batch budget), which run whatever the time
-budget; then the A/B ones (`grouped` at CALL_COST 8192, `budget8192`, `packed+ckpt`, `padded`;
-bf16-parameter precision and compiled layers join when their keys exist), each only if the time
-the longest configuration so far took still fits in `--time-budget-s`, else recorded as skipped;
-a configuration whose key this tree does not have is recorded as skipped with the config error.
-Each configuration builds its own model, takes one warm-up step (the packed-attention path it ran
-read from `packed_attention.PATHS`), then `--steps` timed steps, and frees the model before the
-next.
+budget; then the A/B ones (`grouped` at CALL_COST 8192, `budget8192`, `packed+ckpt`,
+`padded`), each only if the time the longest configuration so far took still fits in
+`--time-budget-s`, else recorded as skipped; a configuration whose key this tree does not have
+is recorded as skipped with the config error. Each configuration builds its own model, takes one
+warm-up step (the packed-attention path it ran read from `packed_attention.PATHS`), then
+`--steps` timed steps, and frees the model before the next.
 
 Per configuration: tokens/s (real prompt + response tokens per step over the median step), MFU
 by verl's formula (`telemetry.perf.training_flops`) and over the FLOPs executed

@@ -58,7 +58,7 @@ class RunPlan:
     old_log_probs: OldLogProbSource
     """Where PPO's old log-probs come from (`scheduling.old_log_probs`)."""
     micro_batch_tokens: int
-    """Tokens of one training micro-batch (`actor.ppo_micro_batch_tokens`, 0: derived)."""
+    """Tokens of one training micro-batch: `actor.ppo_micro_batch_tokens`, resolved (0 there: derived)."""
     log_prob_micro_batch_tokens: int
     """Tokens of one forward-only micro-batch: old and reference log-probs, critic values."""
     micro_batch_basis: str

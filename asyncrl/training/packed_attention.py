@@ -211,9 +211,8 @@ def _per_row(query: Tensor, key: Tensor, value: Tensor, bounds: list[int], dropo
     slice into a right-padded batch, and the real outputs put back in packed order. Every gather
     is an index_select, whose backward adds into a tensor the size of its source: a group's own
     slice, not all N tokens. # (1, N, H, D)"""
-    heads = query.shape[1] // key.shape[1]
-    if heads > 1:  # grouped-query attention: each KV head serves `heads` query heads
-        key, value = (x.repeat_interleave(heads, dim=1) for x in (key, value))
+    if query.shape[1] > key.shape[1]:  # grouped-query attention: each KV head serves several query heads
+        key, value = (kernels.repeat_heads(x, query.shape[1]) for x in (key, value))
     cost = call_cost(query.device.type, _dtype(query), query.shape[1] * query.shape[3])
     plan = _plan(tuple(b - a for a, b in itertools.pairwise(bounds)), str(query.device), cost)
     slices = [x[0].transpose(0, 1).index_select(0, plan.order).split(plan.sizes)  # (tokens, H, D) per group
