@@ -41,11 +41,11 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
+from asyncrl.models.tensors import export_named
 from asyncrl.sync import (
     ParameterSynchronizer,
     RolloutWeights,
     TrainerWeights,
-    export_named,
     make_transport,
 )
 

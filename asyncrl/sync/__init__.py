@@ -2,20 +2,11 @@
 
 `ParameterSynchronizer(trainer, rollouts, transport)` drives a sync through worker handles;
 `TrainerWeights` / `RolloutWeights` (or the functions they use: `send_weights`, `recv_weights`,
-and from `asyncrl.models` `export_named`, `checksum`, `load_into`) are what the worker objects
-call on their side.
+and `asyncrl.models.tensors`' `export_named`, `checksum`, ... with `asyncrl.models.weights`'
+`load_into`) are what the worker objects call on their side.
 Importing this package does not import Ray.
 """
 
-from asyncrl.models.tensors import (
-                                  as_pairs,
-                                  checksum,
-                                  export_named,
-                                  first_difference,
-                                  meta_nbytes,
-                                  weight_meta,
-)
-from asyncrl.models.weights import load_into
 from asyncrl.sync.buckets import (
                                   DEFAULT_BUCKET_MB,
                                   BroadcastReceiver,
@@ -31,8 +22,6 @@ from asyncrl.sync.transports import TRANSPORTS, default_transport, make_transpor
 
 __all__ = [
     "DEFAULT_BUCKET_MB", "TRANSPORTS", "BroadcastReceiver", "BroadcastSender", "Collective",
-    "ParameterSynchronizer", "RolloutWeights", "TrainerWeights", "as_pairs",
-    "checksum", "default_transport", "destroy_collective", "export_named", "first_difference",
-    "get_collective", "init_collective", "load_into", "make_transport", "meta_nbytes",
-    "plan_buckets", "recv_weights", "send_weights", "weight_meta",
+    "ParameterSynchronizer", "RolloutWeights", "TrainerWeights", "default_transport", "destroy_collective",
+    "get_collective", "init_collective", "make_transport", "plan_buckets", "recv_weights", "send_weights",
 ]

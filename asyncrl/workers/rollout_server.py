@@ -15,8 +15,9 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 
+from asyncrl.models.tensors import as_pairs
 from asyncrl.roles import Engine, PauseMode
-from asyncrl.sync import as_pairs, recv_weights
+from asyncrl.sync import recv_weights
 from asyncrl.telemetry import clock
 from asyncrl.types import GenerationRequest, Group, Mode, NamedTensors, PromptRow, Trajectory, WeightMeta
 from asyncrl.workers.reward import RewardWorker

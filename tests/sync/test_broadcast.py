@@ -11,15 +11,8 @@ import pytest
 import torch
 
 from asyncrl.errors import SyncError
-from asyncrl.sync import (
-    checksum,
-    destroy_collective,
-    export_named,
-    init_collective,
-    recv_weights,
-    send_weights,
-    weight_meta,
-)
+from asyncrl.models.tensors import checksum, export_named, weight_meta
+from asyncrl.sync import destroy_collective, init_collective, recv_weights, send_weights
 from asyncrl.sync.collective import free_port
 from tests.sync.fakes import small_model
 

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from asyncrl.errors import SyncError
-from asyncrl.sync import checksum, export_named, first_difference, load_into, meta_nbytes, plan_buckets, weight_meta
+from asyncrl.models.tensors import checksum, export_named, first_difference, meta_nbytes, weight_meta
+from asyncrl.models.weights import load_into
+from asyncrl.sync import plan_buckets
 from tests.sync.fakes import small_model
 
 EMBED = "embed.weight"

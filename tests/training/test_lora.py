@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from asyncrl.config.schema import ActorConfig, AlgorithmConfig, Config, ModelConfig
+from asyncrl.models.tensors import checksum, export_named
 from asyncrl.rollout.engine import TorchEngine
 from asyncrl.scheduling.plan import plan_run
-from asyncrl.sync import ParameterSynchronizer, checksum, export_named
+from asyncrl.sync import ParameterSynchronizer
 from asyncrl.sync.transports import InProcessTransport
 from asyncrl.training.actor import Actor
 from asyncrl.training.lora import ADAPTER_DIR
