@@ -1,0 +1,83 @@
+"""The engine's scheduler replayed without a model: what each step of a request set would do.
+
+`replay` drives `Scheduler` the way `TorchEngine`'s loop does: every request queued before the
+first step (as `run_sync` and `generate_many` queue them), then schedule -> step -> apply until
+nothing runs. Each request runs to its `max_tokens`, as the benchmarks' `ignore_eos` requests do:
+the stand-in sampled token is an id no vocabulary has, so no stop token ends one early. It counts
+the steps by kind and the decode graphs (batch bucket, attention length) a static engine would
+capture, which is how issue 24 explained the GPU run's step and graph counts exactly.
+
+Used by tests/rollout/test_scheduler_replay.py (the admission rule's counts) and by the engine
+benchmarks (the prefill-step count beside tokens/s). It lives in the package, beside the
+scheduler and the graph bucketing it mirrors, so a change to either shows up in its counts and
+a benchmark reads it without importing tests.
+
+Not here: time. A count says what a step does, not how long it takes (docs/engine.md's cost
+model, the simulator in `asyncrl.sim`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
+
+from asyncrl.rollout.graphs import attention_length, bucket_sizes
+from asyncrl.rollout.scheduler import Scheduler, StepPlan, StepResult
+from asyncrl.rollout.sequence import Sequence
+from asyncrl.rollout.settings import EngineSettings
+from asyncrl.types import GenerationRequest
+
+_NO_TOKEN = -1
+"""The stand-in sampled token: not an id of any vocabulary, so it is never a stop token."""
+
+
+@dataclass(frozen=True)
+class ReplayCounts:
+    """Steps of one replay, by what they carry (a step can be several kinds at once)."""
+
+    steps: int
+    decode_steps: int
+    """Steps with at least one decode row: decode graph replays on a static engine."""
+    prefill_steps: int
+    """Steps that prefill at least one admitted request (every running row waits for it)."""
+    move_steps: int
+    """Steps that move KV rows to keep the slots compact (after a request finishes)."""
+    decode_rows: int
+    """Tokens sampled by decode rows, summed over steps (the rest come from prefill rows)."""
+    prefill_rows: int
+    """Requests prefilled, summed over steps (re-prefills after preemption included)."""
+    graphs: Counter[tuple[int, int]]
+    """Decode steps per (batch bucket, attention length): one captured graph per key."""
+
+    @property
+    def mean_decode_rows(self) -> float:
+        return self.decode_rows / max(self.decode_steps, 1)
+
+
+def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings) -> ReplayCounts:
+    """Run `requests` through a `Scheduler` built as `TorchEngine` builds it from `settings`,
+    with every KV slot the settings ask for (a GPU cache may hold fewer: see `KVPlan`)."""
+    scheduler = Scheduler(settings.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens)
+    for request in requests:
+        scheduler.add(Sequence.from_request(request, eos_ids=()))
+    counts: Counter[str] = Counter()
+    graphs: Counter[tuple[int, int]] = Counter()
+    sizes = bucket_sizes(settings.max_num_seqs)
+    while (plan := scheduler.schedule()) is not None:
+        _count(plan, counts, graphs, sizes, settings.model_len)
+        rows = plan.num_rows
+        scheduler.apply(plan, StepResult([_NO_TOKEN] * rows, [0.0] * rows, 0))
+    return ReplayCounts(steps=counts["steps"], decode_steps=counts["decode"], prefill_steps=counts["prefill"],
+                        move_steps=counts["moves"], decode_rows=counts["decode_rows"],
+                        prefill_rows=counts["prefill_rows"], graphs=graphs)
+
+
+def _count(plan: StepPlan, counts: Counter[str], graphs: Counter[tuple[int, int]], sizes: list[int],
+           capacity: int) -> None:
+    decode, prefill = len(plan.decode_tokens), len(plan.prefill_contexts)
+    counts.update(steps=1, decode=decode > 0, prefill=prefill > 0, moves=bool(plan.moves),
+                  decode_rows=decode, prefill_rows=prefill)
+    if decode:  # the key `BucketedDecode` replays (a GPU cache's capacity is max_model_len)
+        bucket = next(s for s in sizes if s >= decode)
+        graphs[bucket, attention_length(max(plan.decode_positions), capacity)] += 1

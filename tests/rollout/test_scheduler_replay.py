@@ -1,0 +1,43 @@
+"""The engine's scheduler replayed on `bench/gpu_engine.py`'s request set (seed 0, the CUDA
+defaults): its step counts are the GPU run's (issue 24; ../shared/gpu_results/2026-11-26), so a
+change to admission shows here as a count, without a model or a GPU."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from asyncrl.rollout.replay import replay
+from asyncrl.rollout.settings import EngineSettings
+from asyncrl.types import GenerationRequest
+from bench.gpu_engine import CUDA_DEFAULTS, MODELS, workload
+
+
+@pytest.fixture(scope="module")
+def requests() -> list[GenerationRequest]:
+    args = argparse.Namespace(**CUDA_DEFAULTS, sigma=1.0, seed=0)
+    return workload(args, MODELS["qwen2-0.5b"]["vocab_size"])
+
+
+def bench_settings(requests: list[GenerationRequest], batch: int) -> EngineSettings:
+    """What `bench/gpu_engine.py` gives the engine at max batch `batch`."""
+    longest = max(len(r.prompt_ids) + r.params.max_tokens for r in requests)
+    return EngineSettings(max_num_seqs=batch, kv_budget_tokens=longest * batch, max_model_len=longest)
+
+
+def test_the_request_set_is_the_benchmarks(requests: list[GenerationRequest]) -> None:
+    assert len(requests) == 256
+    assert sum(r.params.max_tokens for r in requests) == 99_245
+    assert max(r.params.max_tokens for r in requests) == 2048
+
+
+@pytest.mark.parametrize(("batch", "decode", "prefill", "moves", "graphs"),
+                         [(64, 2895, 183, 234, 14), (256, 2052, 16, 220, 30)])
+def test_admitting_at_one_free_slot_reproduces_the_gpu_run(requests: list[GenerationRequest], batch: int,
+                                                           decode: int, prefill: int, moves: int,
+                                                           graphs: int) -> None:
+    counts = replay(requests, bench_settings(requests, batch))
+    assert (counts.decode_steps, counts.prefill_steps, counts.move_steps, len(counts.graphs)) == \
+        (decode, prefill, moves, graphs)
+    assert counts.decode_rows + counts.prefill_rows == 99_245  # every token sampled once, no preemption
