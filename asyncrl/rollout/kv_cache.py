@@ -1,9 +1,14 @@
 """A slot-indexed key/value cache that grows and shrinks with the running batch.
 
-Layout per layer: `(slots, kv_heads, capacity, head_dim)` for keys and for values (head-major:
+Layout: one stacked tensor `kv`, `(2, layers, slots, kv_heads, capacity, head_dim)` (K then V),
+and per-layer views `keys[i] = kv[0, i]`, `values[i] = kv[1, i]` of `(slots, kv_heads, capacity,
+head_dim)`: each layer's view is exactly the contiguous per-layer tensor of before (head-major:
 each (slot, head) is one contiguous run of positions, which batched matmuls read fastest). Running
 sequences occupy slots 0..B-1 (the scheduler keeps them compact by moving the last slot into a
-hole), so a decode step attends over the strided view `[:B, :, :L]` with no gather copy.
+hole), so a decode step attends over the strided view `[:B, :, :L]` with no gather copy. Stacking
+makes moving a set of slots (`copy_slots`: compaction, a group's shared prefill) one gather and one
+scatter over every layer's K and V at once, not one indexed copy per buffer (2 x layers, ~150 on
+a 24-layer model, ~4 ms on the GPU after each finish).
 
 Physical memory is `slots_allocated × capacity` tokens per layer, both rounded up to powers of
 two and shrunk with hysteresis; it is NOT bounded by the scheduler's token budget (a long
@@ -59,7 +64,8 @@ class SlotKVCache:
         """Set by `allocate`: every slot of this many positions, allocated once (0: grows)."""
         self.slots = 0
         self.capacity = 0
-        self.keys: list[torch.Tensor] = []  # per layer: (slots, kv_heads, capacity, head_dim)
+        self.kv = torch.empty(0)  # (2, layers, slots, kv_heads, capacity, head_dim): K then V
+        self.keys: list[torch.Tensor] = []  # per layer, views of kv: (slots, kv_heads, capacity, head_dim)
         self.values: list[torch.Tensor] = []
 
     def reserve(self, num_slots: int, length: int) -> None:
@@ -100,46 +106,45 @@ class SlotKVCache:
         return self.num_layers * 2 * self.kv_heads * self.head_dim * element
 
     def _reallocate(self, slots: int, capacity: int, *, keep_slots: int, keep_len: int) -> None:
-        shape = (slots, self.kv_heads, capacity, self.head_dim)
+        shape = (2, self.num_layers, slots, self.kv_heads, capacity, self.head_dim)
         s = min(keep_slots, self.slots, slots)
         n = min(keep_len, self.capacity, capacity)
-        new_k: list[torch.Tensor] = []
-        new_v: list[torch.Tensor] = []
-        for layer in range(self.num_layers):
-            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            if s > 0 and n > 0:
-                k[:s, :, :n] = self.keys[layer][:s, :, :n]
-                v[:s, :, :n] = self.values[layer][:s, :, :n]
-            new_k.append(k)
-            new_v.append(v)
-        self.keys, self.values = new_k, new_v
+        kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if s > 0 and n > 0:
+            kv[:, :, :s, :, :n] = self.kv[:, :, :s, :, :n]
+        self._set(kv)
         self.slots, self.capacity = slots, capacity
         self.generation += 1
 
-    def apply_moves(self, moves: Sequence[tuple[int, int, int]]) -> None:
-        """The (src, dst, length) moves, in order, as one gather per buffer.
+    def _set(self, kv: torch.Tensor) -> None:
+        self.kv = kv
+        self.keys, self.values = list(kv[0].unbind(0)), list(kv[1].unbind(0))
 
-        A step after many sequences finished compacts hundreds of slots; one copy per move and
-        buffer cost ~10 ms there. Composed first (a slot moved twice ends with its first
-        source's contents), then every destination is read from the state before any move.
+    def apply_moves(self, moves: Sequence[tuple[int, int, int]]) -> None:
+        """The (src, dst, length) moves, in order, as one gather and one scatter (`copy_slots`).
+
+        A step after many sequences finished compacts hundreds of slots. Composed first (a slot
+        moved twice ends with its first source's contents), then every destination is read from
+        the state before any move.
         """
         content: dict[int, tuple[int, int]] = {}  # dst -> (original src, length)
         for src, dst, length in moves:
             if src != dst and length > 0:
                 content[dst] = content.get(src, (src, length))[0], length
         pairs = [(dst, src) for dst, (src, _) in content.items() if src != dst]
-        if not pairs:
-            return
-        index = to_device(torch.tensor(pairs, dtype=torch.int64), self.device)  # (moves, 2): dst, src
-        dsts, srcs = index[:, 0], index[:, 1]
-        n = min(max(length for _, length in content.values()), self.capacity)
-        for buf in (*self.keys, *self.values):
-            buf[dsts, :, :n] = buf[srcs, :, :n]  # the right side is a copy: reads see no write
+        if pairs and self.slots:  # released while idle: nothing to move
+            self.copy_slots([d for d, _ in pairs], [s for _, s in pairs], max(n for _, n in content.values()))
+
+    def copy_slots(self, dsts: Sequence[int], srcs: Sequence[int], length: int) -> None:
+        """Slot dsts[i] takes slot srcs[i]'s first `length` positions, K and V of every layer,
+        all sources read before any write: one gather and one scatter over the stacked cache."""
+        index = to_device(torch.tensor([list(dsts), list(srcs)], dtype=torch.int64), self.device)  # (2, moves)
+        kv = self.kv[:, :, :, :, : min(length, self.capacity)]
+        kv[:, :, index[0]] = kv[:, :, index[1]]  # the right side is a copy: reads see no write
 
     def release(self) -> None:
         """Drop every buffer (the engine is idle or closing)."""
-        self.keys, self.values = [], []
+        self._set(torch.empty(2, 0))
         self.slots, self.capacity = 0, 0
         self.generation += 1
 

@@ -1,0 +1,86 @@
+"""The stacked slot cache: a compaction moves every layer's K and V in one gather and one scatter,
+with the contents the per-buffer moves of before gave."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from asyncrl.rollout.kv_cache import SlotKVCache
+
+# Ops that only make views or the small index tensor: they move no cache data.
+_NO_DATA = ("slice", "select", "unbind", "view", "alias", "detach", "lift_fresh", "_to_copy", "empty", "lift")
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the aten ops run under it, by name (`aten.index.Tensor` -> "index")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def filled_cache(layers: int = 3, slots: int = 8, length: int = 5) -> SlotKVCache:
+    cache = SlotKVCache(layers, 2, 4, max_slots=slots, dtype=torch.float32, device="cpu", min_capacity=4)
+    cache.reserve(slots, length)
+    cache.kv.copy_(torch.randn(cache.kv.shape, generator=torch.Generator().manual_seed(0)))
+    return cache
+
+
+def moved_one_buffer_at_a_time(cache: SlotKVCache, moves: Sequence[tuple[int, int, int]]) -> list[torch.Tensor]:
+    """The old semantics, buffer by buffer: the moves composed (a slot moved twice ends with its
+    first source's contents), every destination read from the state before any move."""
+    content: dict[int, tuple[int, int]] = {}
+    for src, dst, length in moves:
+        if src != dst and length > 0:
+            content[dst] = content.get(src, (src, length))[0], length
+    n = max(length for _, length in content.values())
+    buffers = [b.clone() for b in (*cache.keys, *cache.values)]
+    for buf in buffers:
+        before = buf.clone()
+        for dst, (src, _) in content.items():
+            buf[dst, :, :n] = before[src, :, :n]
+    return buffers
+
+
+def test_a_compaction_of_several_moves_is_one_gather_and_one_scatter() -> None:
+    cache = filled_cache()
+    moves = [(7, 1, 5), (6, 3, 4), (5, 0, 5), (0, 2, 3)]  # a sweep, and a slot moved twice
+    expected = moved_one_buffer_at_a_time(cache, moves)
+    with CountOps() as counted:
+        cache.apply_moves(moves)
+    data_ops = {op: n for op, n in counted.ops.items() if not op.startswith(_NO_DATA)}
+    assert data_ops == {"index": 1, "index_put_": 1}, counted.ops  # before: 2 x 3 layers x 2 (K, V)
+    for got, want in zip((*cache.keys, *cache.values), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_layer_views_are_the_stacked_cache() -> None:
+    """A write through a layer's view is a write into `kv`; views survive nothing but a reallocation."""
+    cache = filled_cache(layers=2)
+    cache.keys[1][3, 0, 2] = 7.0
+    cache.values[0][2, 1, 0] = -7.0
+    assert cache.kv[0, 1, 3, 0, 2].eq(7.0).all() and cache.kv[1, 0, 2, 1, 0].eq(-7.0).all()
+    assert all(k.is_contiguous() and v.is_contiguous() for k, v in zip(cache.keys, cache.values, strict=True))
+    kept = cache.kv[:, :, :8, :, :5].clone()
+    cache.reserve(8, 40)  # grows capacity: one copy of the kept contents into the new stack
+    torch.testing.assert_close(cache.kv[:, :, :8, :, :5], kept, rtol=0, atol=0)
+    assert cache.keys[1].data_ptr() == cache.kv[0, 1].data_ptr()
+
+
+def test_copy_slots_reads_every_source_before_writing() -> None:
+    """Slots swapped in one call exchange contents (a group's shared prefill copies this way)."""
+    cache = filled_cache(layers=1)
+    before = cache.kv.clone()
+    cache.copy_slots([0, 1], [1, 0], 5)
+    torch.testing.assert_close(cache.kv[:, :, 0, :, :5], before[:, :, 1, :, :5], rtol=0, atol=0)
+    torch.testing.assert_close(cache.kv[:, :, 1, :, :5], before[:, :, 0, :, :5], rtol=0, atol=0)
+    torch.testing.assert_close(cache.kv[:, :, :2, :, 5:], before[:, :, :2, :, 5:], rtol=0, atol=0)  # past length: kept
