@@ -57,6 +57,19 @@ from asyncrl.rollout import EngineSettings, TorchEngine, run_sync  # noqa: E402
 from asyncrl.rollout.forward import BatchedForward  # noqa: E402
 from asyncrl.types import GenerationRequest, SamplingParams  # noqa: E402
 from bench.engine import left_padded  # noqa: E402
+from bench.engine_diag import (  # noqa: E402
+    StepLog,
+    bandwidth_bound_s,
+    hbm_bytes_per_s,
+    kernels_per_decode_step,
+    kv_bytes_per_token,
+    own_mix_floor,
+    weight_bytes,
+)
+
+PARTS: dict[str, dict[str, Any]] = {}
+"""Issue 24's engine parts, each by the EngineSettings that turn it off (today's path); `--off`
+names some of them, `--off all` every one."""
 
 MODELS: dict[str, dict[str, Any]] = {
     "qwen2-0.5b": dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
@@ -65,7 +78,7 @@ MODELS: dict[str, dict[str, Any]] = {
                         num_key_value_heads=2, intermediate_size=384, tie_word_embeddings=True),
 }
 CUDA_DEFAULTS = dict(model="qwen2-0.5b", num_requests=256, prompt_min=64, prompt_max=256, median=256.0,
-                     cap=2048, batches="64,256", hf_requests=64, hf_cap=512, hf_time_s=30.0, engine_runs=1,
+                     cap=2048, batches="64,256", hf_requests=64, hf_cap=512, hf_time_s=5.0, engine_runs=1,
                      out="bench/results/gpu_engine.json")
 CPU_DEFAULTS = dict(model="qwen2-small", num_requests=64, prompt_min=16, prompt_max=64, median=32.0,
                     cap=256, batches="16,64", hf_requests=32, hf_cap=64, hf_time_s=20.0, engine_runs=2,
@@ -142,39 +155,70 @@ def floor(model: Qwen2ForCausalLM, batch: int, context: int, device: torch.devic
             step()
         synchronize(device)
         seconds = (time.perf_counter() - start) / iters
-    return dict(floor_step_ms=seconds * 1e3, floor_tokens_per_s=batch / seconds)
+    eager_step = lambda: forward.decode(cache, tokens, positions, length=context, out=out)  # noqa: E731
+    return dict(floor_step_ms=seconds * 1e3, floor_tokens_per_s=batch / seconds,
+                **kernels_per_decode_step(eager_step, device))
 
 
 def run_engine(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: int, device: torch.device,
-               runs: int, compute: Executor) -> dict[str, Any]:
-    """Every request at once, `runs` times on one engine; the first run captures the graphs."""
+               args: argparse.Namespace, compute: Executor) -> dict[str, Any]:
+    """Every request at once, `args.engine_runs` times on one engine (the first captures the
+    graphs), with the parts named by `args.off` turned off; then the diagnostics of the last run."""
     max_model_len = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs)
     settings = EngineSettings(max_num_seqs=batch, kv_budget_tokens=max_model_len * batch, max_model_len=max_model_len,
-                              device=str(device), seed=0, static_decode=True)
+                              device=str(device), seed=0, static_decode=True, **off_settings(args.off))
     engine = TorchEngine(model, 0, settings, executor=compute)
-    graphs = engine._runner.graphs
+    runner = engine._runner
+    graphs = runner.graphs
     assert graphs is not None, "the static path needs the fast forward"
     useful = sum(r.params.max_tokens for r in reqs)
     walls, steady = [], []
-    for run in range(runs):
-        steps_before, capture_before = sum(graphs.steps.values()), graphs.capture_s
+    for run in range(args.engine_runs):
+        capture_before = graphs.capture_s
+        steps = StepLog()
+        detach = steps.attach(runner)
         t0 = time.perf_counter()
         outs = run_sync(engine, reqs)
         walls.append(time.perf_counter() - t0)
+        detach()
         steady.append(walls[-1] - (graphs.capture_s - capture_before))
         assert [len(o.response_ids) for o in outs] == [r.params.max_tokens for r in reqs]
-        decode_steps = sum(graphs.steps.values()) - steps_before
         log(f"  engine batch {batch} run {run}: {walls[-1]:.1f} s ({steady[-1]:.1f} s without captures), "
-            f"{useful / steady[-1]:,.0f} tok/s, {decode_steps} decode steps, {graphs.captures} graphs "
-            f"captured in {graphs.capture_s:.1f} s")
-    kv = engine._runner.kv_plan
+            f"{useful / steady[-1]:,.0f} tok/s, {steps.decode_steps} decode steps, "
+            f"{steps.summary()['prefill_steps']} with prefill, {graphs.captures} graphs captured in "
+            f"{graphs.capture_s:.1f} s")
+    kv = runner.kv_plan
     row = dict(engine_tokens_per_s=useful / steady[-1], engine_seconds=steady[-1],
                engine_first_run_tokens_per_s=useful / walls[0], engine_first_run_seconds=walls[0],
-               captures=graphs.captures, capture_s=graphs.capture_s, decode_steps=decode_steps,
-               mean_decode_rows=useful / max(decode_steps, 1), kv_slots=engine._runner.max_num_seqs,
-               kv_cache_gib=None if kv is None else kv.kv_bytes / 2**30, max_model_len=max_model_len)
+               captures=graphs.captures, capture_s=graphs.capture_s,
+               mean_decode_rows=useful / max(steps.decode_steps, 1),
+               kv_slots=runner.max_num_seqs, kv_cache_gib=None if kv is None else kv.kv_bytes / 2**30,
+               max_model_len=max_model_len, **steps.summary(), **first_token_percentiles(outs))
+    row.update(on(compute, own_mix_floor, runner, args.floor_iters // 10 or 1, args.floor_budget_s))
+    row["engine_vs_own_mix_floor"] = row["own_mix_floor_s"] / steady[-1] if row["own_mix_floor_s"] else None
+    if args.hbm_bytes_per_s:
+        dtype = next(model.parameters()).dtype
+        row["bandwidth_bound_s"] = bandwidth_bound_s(weight_bytes(model), kv_bytes_per_token(model, dtype),
+                                                     steps.kv_tokens_read, steps.decode_steps, args.hbm_bytes_per_s)
     engine.close()
     return row
+
+
+def off_settings(parts: list[str]) -> dict[str, Any]:
+    """The EngineSettings overrides that turn the named parts off."""
+    overrides: dict[str, Any] = {}
+    for part in parts:
+        overrides.update(PARTS[part])
+    return overrides
+
+
+def first_token_percentiles(outs: list[Any]) -> dict[str, float | None]:
+    """Time to first token, p50 and p99 over the run's requests, where the engine records it."""
+    ttft = sorted(t for o in outs if (t := getattr(o, "ttft_s", None)) is not None)
+    if not ttft:
+        return dict(ttft_p50_s=None, ttft_p99_s=None)
+    pick = lambda q: ttft[min(len(ttft) - 1, round(q * (len(ttft) - 1)))]  # noqa: E731
+    return dict(ttft_p50_s=pick(0.5), ttft_p99_s=pick(0.99))
 
 
 def run_hf(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], cap: int, time_s: float,
@@ -223,6 +267,11 @@ def main() -> None:
     ap.add_argument("--hf-time-s", type=float, help="HF generate stops after this long")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the compute thread (CPU)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--off", default="", help=f"comma list of engine parts to turn off, or 'all': {', '.join(PARTS)}")
+    ap.add_argument("--floor-budget-s", type=float, default=20.0,
+                    help="time spent replaying graphs for the own-mix floor")
+    ap.add_argument("--hbm-tbs", type=float, help="HBM bandwidth in TB/s (default: from the device name)")
+    ap.add_argument("--skip-hf", action="store_true", help="no HF generate baseline (an A/B run of the engine)")
     ap.add_argument("--out")
     args = ap.parse_args()
     defaults = CUDA_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS
@@ -232,6 +281,11 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here; use --device cpu")
     device = torch.device(args.device)
+    args.off = list(PARTS) if args.off == "all" else [p for p in args.off.split(",") if p]
+    if unknown := [p for p in args.off if p not in PARTS]:
+        raise SystemExit(f"--off {','.join(unknown)}: no such engine part; the parts are: {', '.join(PARTS)}")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    args.hbm_bytes_per_s = args.hbm_tbs * 1e12 if args.hbm_tbs else hbm_bytes_per_s(name)
     pin_threads(1)
     compute = compute_thread(args.threads, "bench")
     model = on(compute, build_model, args.model, device)
@@ -245,20 +299,24 @@ def main() -> None:
                 date=datetime.date.today().isoformat(), args=vars(args), note=None if device.type == "cuda" else
                 "CPU mode: a small model on a shared, busy 2-core machine; read the ratios, not the numbers")
     rows: list[dict[str, Any]] = []
-    hf = on(compute, run_hf, model, reqs[: args.hf_requests], args.hf_cap, args.hf_time_s, device)
-    log(f"HF generate: {hf['hf_tokens_per_s']:,.0f} tok/s ({hf['hf_steps']} steps in {hf['hf_seconds']:.1f} s)")
-    write(Path(args.out), meta, rows, hf)
+    hf: dict[str, Any] = {}
+    if not args.skip_hf:
+        hf = on(compute, run_hf, model, reqs[: args.hf_requests], args.hf_cap, args.hf_time_s, device)
+        log(f"HF generate: {hf['hf_tokens_per_s']:,.0f} tok/s ({hf['hf_steps']} steps in {hf['hf_seconds']:.1f} s)")
+        write(Path(args.out), meta, rows, hf)
     for batch in [int(b) for b in args.batches.split(",")]:
-        row: dict[str, Any] = dict(batch=batch, mean_context=context, useful_tokens=useful)
+        row: dict[str, Any] = dict(batch=batch, off=args.off, mean_context=context, useful_tokens=useful)
         row.update(on(compute, floor, model, batch, context, device, args.floor_iters))
-        log(f"floor batch {batch}: {row['floor_step_ms']:.2f} ms/step, {row['floor_tokens_per_s']:,.0f} tok/s")
-        row.update(run_engine(model, reqs, batch, device, args.engine_runs, compute))
+        log(f"floor batch {batch}: {row['floor_step_ms']:.2f} ms/step, {row['floor_tokens_per_s']:,.0f} tok/s, "
+            f"{row.get('kernels_per_decode_step', row.get('aten_ops_per_decode_step'))} kernels (ops) per step")
+        row.update(run_engine(model, reqs, batch, device, args, compute))
         row["engine_vs_floor"] = row["engine_tokens_per_s"] / row["floor_tokens_per_s"]
-        row["engine_vs_hf"] = row["engine_tokens_per_s"] / hf["hf_tokens_per_s"]
-        row["targets_met"] = dict(floor_80pct=row["engine_vs_floor"] >= 0.8, hf_20x=row["engine_vs_hf"] >= 20)
+        row["engine_vs_hf"] = row["engine_tokens_per_s"] / hf["hf_tokens_per_s"] if hf else None
         rows.append(row)
-        log(f"batch {batch}: engine {row['engine_tokens_per_s']:,.0f} tok/s = {row['engine_vs_floor']:.0%} of "
-            f"the floor, {row['engine_vs_hf']:.1f}x HF")
+        log(f"batch {batch} (off: {','.join(args.off) or 'none'}): engine {row['engine_tokens_per_s']:,.0f} tok/s, "
+            f"{row['engine_vs_own_mix_floor'] or 0:.0%} of its own-mix floor, step kinds "
+            f"{ {k: v['steps'] for k, v in row['step_kinds'].items()} }, TTFT p50/p99 {row['ttft_p50_s']}/"
+            f"{row['ttft_p99_s']} s, bandwidth bound {row.get('bandwidth_bound_s')} s")
         write(Path(args.out), meta, rows, hf)  # after every batch: a run cut short keeps what it measured
         gc.collect()
         if device.type == "cuda":

@@ -7,6 +7,10 @@
 #   bash bench/gpu_session.sh trainer   # varlen_attn's signature, tests/gpu, the trainer bench, colocated and
 #                                       # one_step_off: the new path, then today's (grouped, 8192 tokens)
 #   TINY=1 bash bench/gpu_session.sh trainer   # the same steps on this CPU at tiny sizes: checks the script
+# Issue 24 (the rollout engine near the hardware), one call of at most 8 minutes; results in engine.tgz:
+#   bash bench/gpu_session.sh engine    # tests/gpu, the engine bench with every new part off then on at
+#                                       # batch 64 and 256, each part off alone at 256, weight sync in-process and IPC
+#   TINY=1 bash bench/gpu_session.sh engine    # the same steps on this CPU at tiny sizes: checks the script
 # Prepared here (CPU) before the session, with the device tool's `carry`: .whl (math-verify and its
 # two pure-Python needs, absent there) and .cache (the warmed-up tiny model, so nothing rebuilds it):
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --platform any -d .whl \
@@ -15,7 +19,7 @@
 # Results land in $OUT (the device tool brings that folder back), else bench/results/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage="${1:?stage 1, 2 or trainer}"
+stage="${1:?stage 1, 2, trainer or engine}"
 out="${OUT:-bench/results/gpu}"
 mkdir -p "$out"
 if [ -d .whl ]; then
@@ -37,7 +41,7 @@ step() {  # name, seconds, command...: a step's failure is recorded, the next st
   local name="$1" limit="$2"; shift 2
   echo "=== $name (at most ${limit}s)"
   local t0=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log" | tail -25
+  timeout "$limit" "$@" 2>&1 | tee "${logdir:-$out}/$name.log" | tail -25
   local rc=${PIPESTATUS[0]}
   echo "=== $name: rc=$rc in $((SECONDS - t0))s"
   [ "$rc" = 0 ] || status=1
@@ -69,6 +73,32 @@ except ImportError as e:
     --runs-dir /tmp/gpu-runs --out '$out/pipelines_8192.json'"
   echo "=== trainer stage done at ${SECONDS}s; files in $out: $(ls "$out" | wc -l)"
 }
+engine_stage() {  # issue 24; within 8 minutes of the script's start; every result goes into engine.tgz as it comes
+  local deadline=470 tiny="${TINY:-0}" dev=(--device cuda) batches=64,256 one=256 sync=(--device cuda --dtype bfloat16
+    --models qwen05b --repeats 5) workers=4
+  if [ "$tiny" = 1 ]; then
+    dev=(--device cpu --num-requests 16 --cap 32 --median 16 --floor-iters 10 --floor-budget-s 5) batches=8,16 one=16
+    sync=(--device cpu --models tiny --repeats 2) workers=0
+  fi
+  logdir="$out/engine"
+  mkdir -p "$logdir"
+  capped() { local want="$1" left=$((deadline - SECONDS)); echo $((want < left ? want : (left > 1 ? left : 1))); }
+  pack() { tar czf "$out/engine.tgz" -C "$out" engine; }
+  step gpu_tests "$(capped 100)" python3 -m pytest -q -p no:cacheprovider -n "$workers" tests/gpu; pack
+  step engine_all_off "$(capped 110)" python3 bench/gpu_engine.py "${dev[@]}" --batches "$batches" --off all \
+    --out "$logdir/engine_all_off.json"; pack
+  step engine_all_on "$(capped 90)" python3 bench/gpu_engine.py "${dev[@]}" --batches "$batches" --skip-hf \
+    --out "$logdir/engine_all_on.json"; pack
+  for part in $(python3 -c "from bench.gpu_engine import PARTS; print(' '.join(PARTS))"); do
+    step "engine_no_$part" "$(capped 45)" python3 bench/gpu_engine.py "${dev[@]}" --batches "$one" --skip-hf \
+      --floor-budget-s 5 --off "$part" --out "$logdir/engine_no_$part.json"; pack
+  done
+  step weight_sync_inprocess "$(capped 40)" python3 bench/weight_sync.py "${sync[@]}" --transports inprocess \
+    --out "$logdir/weight_sync_inprocess.json"; pack
+  step weight_sync_ipc "$(capped 60)" python3 bench/weight_sync.py "${sync[@]}" --transports ipc \
+    --out "$logdir/weight_sync_ipc.json"; pack
+  echo "=== engine stage done at ${SECONDS}s; $out/engine.tgz holds $(ls "$logdir" | wc -l) files"
+}
 if [ "$stage" = 1 ]; then
   step gpu_tests 150 python3 -m pytest -q -x -p no:cacheprovider tests/gpu
   step gpu_engine 150 python3 bench/gpu_engine.py --device cuda --out "$out/gpu_engine.json"
@@ -76,6 +106,8 @@ if [ "$stage" = 1 ]; then
     --transports inprocess,ipc --repeats 5 --out "$out/weight_sync_gpu.json"
 elif [ "$stage" = trainer ]; then
   trainer_stage
+elif [ "$stage" = engine ]; then
+  engine_stage
 else
   step trainer 120 python3 bench/trainer_throughput.py --device cuda --out "$out/trainer_throughput.json"
   step pipelines 240 python3 bench/pipelines.py --gpu --steps 4 --prompts 32 --n 8 --max-len 1024 \

@@ -1,0 +1,164 @@
+"""Where an engine run's time goes: the diagnostics of `bench/gpu_engine.py` (issue 24, deliverable 6).
+
+- `StepLog` wraps the engine's step runner and records every step it runs: its kind (decode
+  only, with a prefill, with KV moves), its wall time, its decode rows' context lengths and its
+  prefill tokens. Summed per kind this is the step-kind breakdown; the prefill count is the
+  number of steps that carried one.
+- `own_mix_floor` replays every captured graph of a finished run (decode and prefill alike) and
+  sums count x replay time: the time the run's own mix of steps takes when nothing but the graphs
+  runs. What it leaves out, KV moves and host work, is the gap between it and the engine.
+- `bandwidth_bound_s` is the memory-bandwidth bound of a step: the weights read once plus the
+  real KV of its rows, at the device's HBM bandwidth.
+- `kernels_per_decode_step` counts the device kernels of one decode step with torch.profiler
+  (on the CPU: the aten ops, the proxy the issue names).
+
+Timing only; correctness lives in tests/rollout and tests/gpu. Nothing here changes the engine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12}
+"""Peak memory bandwidth by device-name fragment (H100 SXM; a PCIe H100 is 2.0e12: pass --hbm-tbs)."""
+
+
+def hbm_bytes_per_s(device_name: str) -> float | None:
+    """The card's peak HBM bandwidth from its name, None when unknown (the bound is then omitted)."""
+    return next((bw for frag, bw in HBM_BYTES_PER_S.items() if frag in device_name), None)
+
+
+@dataclass
+class StepLog:
+    """Per-step records of one engine run, kept by wrapping `runner.run` (`attach`)."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    counts: Counter[str] = field(default_factory=Counter)
+    kv_tokens_read: int = 0
+    """Sum over decode steps of the real context of every decode row (positions + 1)."""
+    decode_steps: int = 0
+    prefill_tokens: int = 0
+
+    def attach(self, runner: Any) -> Callable[[], None]:
+        """Record every `runner.run(plan)` from now on; returns the function that stops it."""
+        original = runner.run
+
+        def run(plan: Any) -> Any:
+            start = time.perf_counter()
+            result = original(plan)
+            self.record(plan, time.perf_counter() - start)
+            return result
+
+        runner.run = run
+        return lambda: setattr(runner, "run", original)
+
+    def record(self, plan: Any, seconds: float) -> None:
+        kind = step_kind(plan)
+        self.seconds[kind] += seconds
+        self.counts[kind] += 1
+        if plan.decode_positions:
+            self.decode_steps += 1
+            self.kv_tokens_read += sum(p + 1 for p in plan.decode_positions)
+        self.prefill_tokens += sum(len(c) for c in plan.prefill_contexts)
+
+    def summary(self) -> dict[str, Any]:
+        total = sum(self.seconds.values())
+        kinds = {k: dict(steps=self.counts[k], seconds=round(self.seconds[k], 4),
+                         share=round(self.seconds[k] / total, 4) if total else 0.0,
+                         ms_per_step=round(1e3 * self.seconds[k] / self.counts[k], 3)) for k in sorted(self.counts)}
+        prefill_steps = sum(n for k, n in self.counts.items() if "prefill" in k)
+        return dict(step_kinds=kinds, steps=sum(self.counts.values()), prefill_steps=prefill_steps,
+                    decode_steps=self.decode_steps, prefill_tokens=self.prefill_tokens,
+                    kv_tokens_read=self.kv_tokens_read, step_seconds=round(total, 4))
+
+
+def step_kind(plan: Any) -> str:
+    """'decode', 'decode+prefill', 'decode+moves', 'decode+prefill+moves', 'prefill', ...: what a step carried."""
+    parts = [name for name, present in (("decode", plan.decode_tokens), ("prefill", plan.prefill_contexts),
+                                        ("moves", plan.moves)) if present]
+    return "+".join(parts) or "empty"
+
+
+def bandwidth_bound_s(weight_bytes: int, kv_bytes_per_token: int, kv_tokens: int, steps: int,
+                      bytes_per_s: float) -> float:
+    """Seconds to read the weights once per step and `kv_tokens` cached tokens in all, at `bytes_per_s`.
+
+    Example: 1 GB of weights, 12 KiB of KV per token, 64 rows at context 542 in one step, 4.8 TB/s:
+    (1e9 + 12288 * 64 * 542) / 4.8e12 = 0.297 ms."""
+    return (weight_bytes * steps + kv_bytes_per_token * kv_tokens) / bytes_per_s
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters, a tied embedding counted once (what a decode step reads)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def kv_bytes_per_token(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """K and V of one token over every layer."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def graph_sets(runner: Any) -> list[Any]:
+    """The runner's graph owners (decode, and prefill where it is captured): objects with
+    `steps` (a Counter of keys) and `replay_s(key, iters)`."""
+    return [g for g in (getattr(runner, "graphs", None), getattr(runner, "prefill_graphs", None))
+            if g is not None and hasattr(g, "replay_s")]
+
+
+def own_mix_floor(runner: Any, iters: int, budget_s: float) -> dict[str, Any]:
+    """Sum over captured graphs of (times it ran) x (its replay time), replayed `iters` times each,
+    the most-run first, until `budget_s` is spent; graphs left untimed are counted at the mean time
+    of the timed ones of their set and reported."""
+    start = time.perf_counter()
+    floor_s, timed, untimed = 0.0, 0, 0
+    for graphs in graph_sets(runner):
+        times: list[float] = []
+        left: list[int] = []
+        for key, count in graphs.steps.most_common():
+            if time.perf_counter() - start < budget_s:
+                with torch.inference_mode():  # the engine's tensors are inference tensors
+                    seconds = graphs.replay_s(key, iters)
+                times.append(seconds)
+                floor_s += count * seconds
+                timed += 1
+            else:
+                left.append(count)
+        if left and times:
+            floor_s += sum(left) * statistics.fmean(times)
+        untimed += len(left)
+    return dict(own_mix_floor_s=floor_s, graphs_timed=timed, graphs_untimed=untimed,
+                own_mix_floor_measure_s=time.perf_counter() - start)
+
+
+def kernels_per_decode_step(step: Callable[[], None], device: torch.device) -> dict[str, int]:
+    """Device kernels one call of `step` launches (CUDA), or the aten ops it dispatches (CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()  # warm: lazy initialisation is not part of a step
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.inference_mode(), profile(activities=activities) as prof:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    events = prof.events()
+    if device.type == "cuda":
+        kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        return dict(kernels_per_decode_step=kernels)
+    aten = sum(1 for e in events if e.name.startswith("aten::") and e.cpu_parent is None)
+    return dict(aten_ops_per_decode_step=aten)
