@@ -92,7 +92,8 @@ class TorchEngine:
             )
         self._vocab_size = self._runner.forward.vocab_size
         self._log_limits(model, settings.max_num_seqs)
-        self._scheduler = Scheduler(self._runner.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens)
+        self._scheduler = Scheduler(self._runner.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens,
+                                    min_free_slots=settings.admit_free_slots)
         self._kv_budget = settings.kv_budget_tokens
         self._max_model_len = settings.model_len
         self._num_threads = settings.num_threads

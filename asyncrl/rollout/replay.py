@@ -58,7 +58,8 @@ class ReplayCounts:
 def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings) -> ReplayCounts:
     """Run `requests` through a `Scheduler` built as `TorchEngine` builds it from `settings`,
     with every KV slot the settings ask for (a GPU cache may hold fewer: see `KVPlan`)."""
-    scheduler = Scheduler(settings.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens)
+    scheduler = Scheduler(settings.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens,
+                          min_free_slots=settings.admit_free_slots)
     for request in requests:
         scheduler.add(Sequence.from_request(request, eos_ids=()))
     counts: Counter[str] = Counter()

@@ -30,6 +30,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     submitted_at: float = field(default_factory=time.perf_counter)
     first_admitted_at: float | None = None
+    first_token_at: float | None = None  # when the first token of this call was applied
 
     @staticmethod
     def from_request(request: GenerationRequest, eos_ids: tuple[int, ...]) -> Sequence:
@@ -79,6 +80,9 @@ class Sequence:
         """A snapshot (lists copied), so later appends never leak into a returned partial."""
         now = time.perf_counter()
         admitted = self.first_admitted_at if self.first_admitted_at is not None else now
+        timings = {"queue_s": admitted - self.submitted_at, "generate_s": now - self.submitted_at}
+        if self.first_token_at is not None:  # time to first token: from the generate call
+            timings["first_token_s"] = self.first_token_at - self.submitted_at
         return Trajectory(
             request_id=self.request_id,
             prompt_ids=list(self.request.prompt_ids),
@@ -86,5 +90,5 @@ class Sequence:
             logprobs=list(self.logprobs),
             versions=list(self.versions),
             finish_reason=finish_reason,
-            timings={"queue_s": admitted - self.submitted_at, "generate_s": now - self.submitted_at},
+            timings=timings,
         )

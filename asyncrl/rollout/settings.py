@@ -18,6 +18,11 @@ from asyncrl.errors import ConfigError
 
 ForwardChoice = Literal["auto", "generic"]
 
+CUDA_ADMIT_DIVISOR = 8
+"""CUDA, `admit_min_free_slots` 0: admit once an eighth of `max_num_seqs` slots are free. Chosen
+by replaying the scheduler on the GPU benchmark's request set under issue 24's cost model (the
+best k was about max_num_seqs / 8 at batch 16 to 128; docs/engine.md); awaits a GPU measurement."""
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -41,12 +46,17 @@ class EngineSettings:
     """Decode at fixed shapes (CUDA graphs on a GPU); None: on CUDA devices only."""
     num_threads: int | None = None
     """Torch threads of the engine's own step thread when it is given none; None: torch's count."""
+    admit_min_free_slots: int = 0
+    """Admit when min(this, waiting requests) slots are free or nothing runs; 0: `admit_free_slots`
+    picks it (rollout.admit_min_free_slots)."""
 
     def __post_init__(self) -> None:
         for key, value in (("kv_budget_tokens", self.kv_budget_tokens), ("max_num_seqs", self.max_num_seqs),
                            ("max_prefill_tokens", self.max_prefill_tokens), ("max_model_len", self.model_len)):
             if value < 1:
                 raise ConfigError(f"{key} must be >= 1, got {value}")
+        if self.admit_min_free_slots < 0:
+            raise ConfigError(f"admit_min_free_slots must be >= 0 (0: auto), got {self.admit_min_free_slots}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
 
@@ -54,6 +64,16 @@ class EngineSettings:
     def model_len(self) -> int:
         """`max_model_len` resolved: at most the KV budget (one sequence cannot hold more)."""
         return self.kv_budget_tokens if self.max_model_len is None else min(self.max_model_len, self.kv_budget_tokens)
+
+    @property
+    def admit_free_slots(self) -> int:
+        """`admit_min_free_slots` resolved, at most `max_num_seqs`: 0 is 1 on the CPU (a prefill
+        there costs about its tokens, so waiting buys nothing) and max_num_seqs / 8 on CUDA (a
+        prefill step is launch-bound and stalls every running row)."""
+        k = self.admit_min_free_slots
+        if k == 0:
+            k = max(1, self.max_num_seqs // CUDA_ADMIT_DIVISOR) if torch.device(self.device).type == "cuda" else 1
+        return min(k, self.max_num_seqs)
 
     @property
     def decode_graphs(self) -> bool:

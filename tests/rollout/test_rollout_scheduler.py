@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncrl.rollout.scheduler import Scheduler, StepResult
+from asyncrl.rollout.scheduler import Scheduler, StepPlan, StepResult
 from asyncrl.rollout.sequence import Sequence
 from asyncrl.types import GenerationRequest, SamplingParams
 
@@ -30,6 +30,39 @@ def test_admission_respects_slots_and_prefill_budget() -> None:
     assert plan is not None
     assert plan.decode_positions == (4, 4) and len(plan.prefill_contexts) == 1  # slots full at 3
     assert [s.slot for s in sched.running] == [0, 1, 2]
+
+
+def test_admission_waits_for_min_free_slots_unless_the_queue_is_shorter() -> None:
+    sched = Scheduler(max_num_seqs=4, kv_budget_tokens=1000, max_prefill_tokens=100, min_free_slots=3)
+    seqs = [seq(f"s{i}", prompt_len=2, max_tokens=2 + i) for i in range(7)]
+    for s in seqs:
+        sched.add(s)
+    step(sched)  # nothing runs: admit what fits (s0..s3)
+    step(sched)  # s0 finishes (max_tokens 2)
+    plan = sched.schedule()  # 1 free < min(3, 3 waiting): decode only
+    assert plan is not None and not plan.prefill_contexts and len(plan.decode_tokens) == 3
+    sched.apply(plan, StepResult([5] * 3, [-1.0] * 3, 0))  # s1 finishes
+    sched.apply(_planned(sched), StepResult([5] * 2, [-1.0] * 2, 0))  # s2 finishes; 2 free < 3
+    plan = sched.schedule()  # 3 free: s4, s5, s6 share one prefill
+    assert plan is not None and [s.request_id for s in plan.seqs] == ["s3", "s4", "s5", "s6"]
+    assert len(plan.prefill_contexts) == 3
+
+
+def test_a_queue_shorter_than_min_free_slots_never_waits() -> None:
+    sched = Scheduler(max_num_seqs=4, kv_budget_tokens=1000, max_prefill_tokens=100, min_free_slots=8)
+    assert sched.min_free_slots == 4  # capped at max_num_seqs
+    for i in range(3):
+        sched.add(seq(f"s{i}", prompt_len=2, max_tokens=50))
+    step(sched)
+    sched.add(seq("late", prompt_len=2))
+    plan = sched.schedule()  # 1 free >= min(4, 1 waiting)
+    assert plan is not None and [s.request_id for s in plan.seqs][-1] == "late" and len(plan.prefill_contexts) == 1
+
+
+def _planned(sched: Scheduler) -> StepPlan:
+    plan = sched.schedule()
+    assert plan is not None and not plan.prefill_contexts
+    return plan
 
 
 def test_leaving_sequence_is_replaced_by_the_last_slot() -> None:

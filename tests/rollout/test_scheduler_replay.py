@@ -5,6 +5,7 @@ change to admission shows here as a count, without a model or a GPU."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 
@@ -20,10 +21,10 @@ def requests() -> list[GenerationRequest]:
     return workload(args, MODELS["qwen2-0.5b"]["vocab_size"])
 
 
-def bench_settings(requests: list[GenerationRequest], batch: int) -> EngineSettings:
-    """What `bench/gpu_engine.py` gives the engine at max batch `batch`."""
+def bench_settings(requests: list[GenerationRequest], batch: int, **fields: Any) -> EngineSettings:
+    """What `bench/gpu_engine.py` gives the engine at max batch `batch` (and `fields`)."""
     longest = max(len(r.prompt_ids) + r.params.max_tokens for r in requests)
-    return EngineSettings(max_num_seqs=batch, kv_budget_tokens=longest * batch, max_model_len=longest)
+    return EngineSettings(max_num_seqs=batch, kv_budget_tokens=longest * batch, max_model_len=longest, **fields)
 
 
 def test_the_request_set_is_the_benchmarks(requests: list[GenerationRequest]) -> None:
@@ -37,7 +38,25 @@ def test_the_request_set_is_the_benchmarks(requests: list[GenerationRequest]) ->
 def test_admitting_at_one_free_slot_reproduces_the_gpu_run(requests: list[GenerationRequest], batch: int,
                                                            decode: int, prefill: int, moves: int,
                                                            graphs: int) -> None:
-    counts = replay(requests, bench_settings(requests, batch))
+    counts = replay(requests, bench_settings(requests, batch, admit_min_free_slots=1))
     assert (counts.decode_steps, counts.prefill_steps, counts.move_steps, len(counts.graphs)) == \
         (decode, prefill, moves, graphs)
     assert counts.decode_rows + counts.prefill_rows == 99_245  # every token sampled once, no preemption
+
+
+def test_waiting_for_eight_free_slots_cuts_the_prefill_steps(requests: list[GenerationRequest]) -> None:
+    """Issue 24: at batch 64 with k = 8, at most 30 prefill steps (183 at k = 1), for 72 more decode
+    steps (2.5%: rows wait up to 7 steps for a slot); every token is still sampled once."""
+    counts = replay(requests, bench_settings(requests, 64, admit_min_free_slots=8))
+    assert counts.prefill_steps <= 30
+    assert (counts.prefill_steps, counts.decode_steps) == (28, 2967)
+    assert counts.decode_rows + counts.prefill_rows == 99_245
+
+
+@pytest.mark.parametrize("batch", [64, 256])
+def test_the_cuda_default(requests: list[GenerationRequest], batch: int) -> None:
+    settings = bench_settings(requests, batch, device="cuda")  # admit_min_free_slots 0: max_num_seqs / 8
+    counts = replay(requests, settings)
+    print(f"batch {batch}, CUDA default k = {settings.admit_free_slots}: {counts.prefill_steps} prefill steps, "
+          f"{counts.decode_steps} decode steps")
+    assert counts.prefill_steps <= 30

@@ -29,12 +29,23 @@ def test_defaults_resolve_by_device_and_budget():
     assert EngineSettings(kv_budget_tokens=100, max_model_len=500).model_len == 100  # one sequence fits the budget
 
 
+def test_admission_waits_for_an_eighth_of_the_batch_on_cuda_only():
+    assert EngineSettings(max_num_seqs=64).admit_free_slots == 1  # CPU: today's rule
+    assert EngineSettings(max_num_seqs=64, device="cuda").admit_free_slots == 8
+    assert EngineSettings(max_num_seqs=4, device="cuda:1").admit_free_slots == 1
+    assert EngineSettings(max_num_seqs=64, admit_min_free_slots=100).admit_free_slots == 64  # capped
+    assert EngineSettings(max_num_seqs=64, admit_min_free_slots=3, device="cuda").admit_free_slots == 3
+    cfg = RolloutConfig(max_num_seqs=64, admit_min_free_slots=5)
+    assert engine_settings(cfg, device="cpu", seed=0).admit_free_slots == 5
+
+
 @pytest.mark.parametrize(("fields", "message"), [
     (dict(kv_budget_tokens=0), "kv_budget_tokens must be >= 1, got 0"),
     (dict(max_num_seqs=0), "max_num_seqs must be >= 1, got 0"),
     (dict(max_prefill_tokens=-1), "max_prefill_tokens must be >= 1, got -1"),
     (dict(max_model_len=0), "max_model_len must be >= 1, got 0"),
     (dict(gpu_memory_utilization=0.0), r"gpu_memory_utilization=0.0 must be in \(0, 1\]"),
+    (dict(admit_min_free_slots=-1), r"admit_min_free_slots must be >= 0 \(0: auto\), got -1"),
 ])
 def test_a_value_out_of_range_is_a_config_error_on_construction(fields, message):
     with pytest.raises(ConfigError, match=message):
