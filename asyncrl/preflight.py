@@ -3,6 +3,7 @@
 `preflight(cfg, log, runs_root)` takes about a second and turns the mistakes that used to surface minutes
 into a run, as tracebacks, into one `ConfigError`/`DataError` line naming the key that fixes it:
 
+- every `trainer.logger` has its package installed (the extra to install is named);
 - `trainer.device=cuda` has a CUDA device to run on;
 - the output directory (`trainer.output_dir`, or `runs_root` where run directories are made when
   it is empty: the caller's `asyncrl.pipelines.rundir.RUNS_ROOT`) can be created and written, and
@@ -36,6 +37,7 @@ from asyncrl.errors import ConfigError
 from asyncrl.models.loading import check_model_path, local_tokenizer_dir
 from asyncrl.rewards import check_signature
 from asyncrl.rewards.registry import load_custom_function, resolve_reward_fn
+from asyncrl.telemetry.loggers import missing_logger_package
 from asyncrl.types import PromptRow
 
 LOW_DISK_BYTES = 1 << 30
@@ -57,6 +59,8 @@ class DataFile(NamedTuple):
 def preflight(cfg: Config, log: Log, runs_root: Path) -> None:
     """Raise the first problem found as one line naming its key; log warnings. `runs_root`: where
     run directories are made when `trainer.output_dir` is empty."""
+    if problem := missing_logger_package(cfg.trainer.logger):
+        raise ConfigError(problem)
     check_output_dir(cfg.trainer.output_dir, runs_root, log)
     check_device(cfg.trainer.device)
     check_model_path(cfg.model.path)

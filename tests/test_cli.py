@@ -167,3 +167,17 @@ def test_backend_ray_without_ray_is_one_line(monkeypatch: pytest.MonkeyPatch,
     assert cli.main(["train", "backend=ray", "trainer.output_dir=run"]) == 2
     assert one_error_line(capsys) == ("asyncrl: error: backend=ray needs Ray, which is not installed: "
                                       "pip install 'asyncrl[ray]' (or set backend=local)")
+
+
+@pytest.mark.parametrize("logger", ["wandb", "mlflow", "swanlab"])
+def test_a_logger_without_its_package_names_the_extra_and_creates_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, logger: str) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == logger else find_spec(name, *a))
+    assert cli.main(["train", f"trainer.logger=[console,{logger}]", "trainer.output_dir=run"]) == 2
+    fix = f"pip install 'asyncrl[{logger}]', or drop {logger} from trainer.logger"
+    line = f"asyncrl: error: trainer.logger={logger}: the {logger} package is not installed; {fix}"
+    assert one_error_line(capsys) == line
+    assert not (tmp_path / "run").exists()

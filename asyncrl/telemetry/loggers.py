@@ -1,11 +1,12 @@
-"""Metric sinks: console (progress bar), JSONL, TensorBoard, Weights & Biases, and the trace.
+"""Metric sinks: console (progress bar), JSONL, TensorBoard, Weights & Biases, MLflow, SwanLab, and the trace.
 
 `make_tracker(names, output_dir, ...)` returns one object whose `log(metrics, step)` fans out
 to every configured sink (and to the run's trace: its phase spans and counter tracks, see
 `Trace.log_step`). The console sink is a tqdm bar with an ETA on stderr when stderr is a
 terminal; otherwise, and never above INFO, it logs a line now and then to the "asyncrl.progress"
-logger, so `asyncrl --log-level WARNING` silences it. Keys are flat with slashes (verl's names). W&B is optional: it is
-imported only when asked for, and honours WANDB_MODE=offline.
+logger, so `asyncrl --log-level WARNING` silences it. Keys are flat with slashes (verl's names). W&B, MLflow and
+SwanLab are optional extras, imported only when asked for (W&B honours WANDB_MODE=offline); `missing_logger_package`
+lets preflight name the extra to install before anything is created.
 
 A run resumed from the checkpoint of step K (`initial_step=K > 0`) continues the same records:
 metrics.jsonl drops its lines past step K, TensorBoard hides events past step K (`purge_step`),
@@ -104,6 +105,72 @@ class WandbSink:
         self.run.finish()
 
 
+class MlflowSink:
+    """An MLflow run in MLFLOW_TRACKING_URI when it is set, else in OUTPUT_DIR/mlruns (a local file
+    store). The flattened config is logged as parameters once; a resumed run starts a new MLflow
+    run (MLflow keeps every step it was given)."""
+
+    def __init__(self, experiment: str, name: str, config: dict[str, Any], output_dir: Path) -> None:
+        import os
+
+        import mlflow
+
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            mlflow.set_tracking_uri((output_dir / "mlruns").resolve().as_uri())
+        mlflow.set_experiment(experiment)
+        self.mlflow = mlflow
+        self.run = mlflow.start_run(run_name=name)
+        mlflow.log_params({k: str(v)[:500] for k, v in _flatten(config).items()})  # MLflow's value limit
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.mlflow.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+class SwanLabSink:
+    """A SwanLab run (verl's `swanlab` logger); SWANLAB_MODE=local or offline is honoured by swanlab itself."""
+
+    def __init__(self, project: str, name: str, config: dict[str, Any], output_dir: Path) -> None:
+        import swanlab
+
+        self.run = swanlab.init(project=project, experiment_name=name, config=config,
+                                logdir=str(output_dir / "swanlog"))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+LOGGER_EXTRAS = ("wandb", "mlflow", "swanlab")
+"""Loggers whose package is an optional extra of the same name (`pip install 'asyncrl[wandb]'`)."""
+
+
+def missing_logger_package(names: Sequence[str]) -> str | None:
+    """One line naming the install for the first logger whose package is absent, else None."""
+    from importlib.util import find_spec
+
+    for name in names:
+        if name in LOGGER_EXTRAS and find_spec(name) is None:
+            return (f"trainer.logger={name}: the {name} package is not installed; pip install 'asyncrl[{name}]', "
+                    f"or drop {name} from trainer.logger")
+    return None
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"actor": {"lr": 1e-6}} -> {"actor.lr": 1e-6}."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 class _NoBar:
     def update(self, n: int = 1) -> None:
         pass
@@ -193,6 +260,10 @@ def make_tracker(names: Sequence[str], output_dir: Path, *, total_steps: int, in
             sinks.append(TensorBoardSink(output_dir / "tensorboard", initial_step + 1 if resume else None))
         elif name == "wandb":
             sinks.append(WandbSink(project, experiment, config, output_dir, resume))
+        elif name == "mlflow":
+            sinks.append(MlflowSink(project, experiment, config, output_dir))
+        elif name == "swanlab":
+            sinks.append(SwanLabSink(project, experiment, config, output_dir))
     return Tracker(sinks)
 
 

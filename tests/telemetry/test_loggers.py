@@ -130,3 +130,45 @@ def test_wandb_resume_without_a_stored_id_starts_a_new_run(tmp_path, fake_wandb)
     tracker(tmp_path, ["wandb"], initial_step=4).close()
     assert "id" not in fake_wandb.inits[0]
     assert (tmp_path / WANDB_ID_FILE).read_text().strip() == "run-0"
+
+
+@pytest.fixture
+def fake_mlflow(monkeypatch):
+    """An `mlflow` module that records what the sink asks of it."""
+    module: Any = types.ModuleType("mlflow")
+    module.calls = []
+    for name in ("set_tracking_uri", "set_experiment", "start_run", "log_params", "log_metrics", "end_run"):
+        setattr(module, name, lambda *a, _name=name, **k: module.calls.append((_name, a, k)))
+    monkeypatch.setitem(sys.modules, "mlflow", module)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return module
+
+
+def test_mlflow_logs_to_a_file_store_in_the_run_directory(tmp_path, fake_mlflow):
+    t = tracker(tmp_path, ["mlflow"])
+    t.log({"critic/score/mean": 0.5, "actor/pg_loss": float("nan")}, 3)
+    t.close()
+    calls = {name: (a, k) for name, a, k in fake_mlflow.calls}
+    assert calls["set_tracking_uri"][0] == ((tmp_path / "mlruns").resolve().as_uri(),)
+    assert calls["start_run"][1] == {"run_name": "e"}
+    assert calls["log_params"][0] == ({"lr": "1e-06"},)
+    assert calls["log_metrics"] == (({"critic/score/mean": 0.5},), {"step": 3})  # non-finite values dropped
+    assert [name for name, _, _ in fake_mlflow.calls][-1] == "end_run"
+
+
+def test_swanlab_run_gets_the_metrics_and_finishes(tmp_path, monkeypatch):
+    module: Any = types.ModuleType("swanlab")
+    module.inits = []
+
+    def init(**kwargs: Any) -> FakeWandbRun:
+        module.inits.append(kwargs)
+        return module.run
+
+    module.run, module.init = FakeWandbRun("s"), init
+    monkeypatch.setitem(sys.modules, "swanlab", module)
+    t = tracker(tmp_path, ["swanlab"])
+    t.log({"x": 1.0}, 2)
+    t.close()
+    assert module.inits == [{"project": "p", "experiment_name": "e", "config": {"lr": 1e-6},
+                             "logdir": str(tmp_path / "swanlog")}]
+    assert module.run.logged == [({"x": 1.0}, 2)]
