@@ -18,9 +18,20 @@ Per max batch (`--batches`, 64 and 256):
   `--engine-runs 2` the second run replays only, which checks that subtraction.
 - HF generate: `--hf-requests` requests in one left-padded batch, lengths capped at `--hf-cap`,
   `min_new_tokens = max_new_tokens` (EOS ignored), stopped after `--hf-time-s` seconds
-  (`max_time`); useful tokens (each row's requested tokens reached) / wall time.
+  (`max_time`, 5 s on CUDA); useful tokens (each row's requested tokens reached) / wall time.
+- Where the engine's time goes (`bench/engine_diag.py`): the steps by kind (decode only, with a
+  prefill, with KV moves: count, seconds, ms per step) and the number that carried a prefill;
+  the own-mix floor (every captured graph replayed, times the number of steps that ran it: what
+  the run's own mix of steps costs with no KV moves and no host work); kernels per decode step
+  (torch.profiler; aten ops on the CPU); the memory-bandwidth bound of the run's decode steps
+  (weights once per step plus each row's real KV, at the card's HBM bandwidth); time to first
+  token p50/p99.
+- `--off PART[,PART]` (or `all`) turns issue 24's engine parts off (`PARTS`), for A/B runs of
+  today's path against the new one; `--skip-hf` leaves the HF baseline out.
 
-Targets (the issue's): engine >= 80% of the floor, >= 20x HF generate.
+Targets (issue 24, H200): at least 30K tokens/s at batch 256 and 15K at 64 (floors 15K and 6K), at
+least 80% of the own-mix floor, the 256-row decode graph within 3x of its bandwidth bound. Every
+result is written as it finishes (after HF, after each batch).
 
     python bench/gpu_engine.py --device cuda      # ~1.5 min on one H100, -> bench/results/gpu_engine.json
     python bench/gpu_engine.py --device cpu       # a small model, few requests, < 2 min,
@@ -55,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from asyncrl.compute import compute_thread, pin_threads  # noqa: E402
 from asyncrl.rollout import EngineSettings, TorchEngine, run_sync  # noqa: E402
 from asyncrl.rollout.forward import BatchedForward  # noqa: E402
-from asyncrl.types import GenerationRequest, SamplingParams  # noqa: E402
+from asyncrl.types import GenerationRequest, SamplingParams, Trajectory  # noqa: E402
 from bench.engine import left_padded  # noqa: E402
 from bench.engine_diag import (  # noqa: E402
     StepLog,
@@ -212,9 +223,9 @@ def off_settings(parts: list[str]) -> dict[str, Any]:
     return overrides
 
 
-def first_token_percentiles(outs: list[Any]) -> dict[str, float | None]:
-    """Time to first token, p50 and p99 over the run's requests, where the engine records it."""
-    ttft = sorted(t for o in outs if (t := getattr(o, "ttft_s", None)) is not None)
+def first_token_percentiles(outs: list[Trajectory]) -> dict[str, float | None]:
+    """Time to first token (the generate call to the first sampled token), p50 and p99 over the run's requests."""
+    ttft = sorted(t for o in outs if (t := o.timings.get("first_token_s")) is not None)
     if not ttft:
         return dict(ttft_p50_s=None, ttft_p99_s=None)
     pick = lambda q: ttft[min(len(ttft) - 1, round(q * (len(ttft) - 1)))]  # noqa: E731
@@ -307,6 +318,10 @@ def main() -> None:
     for batch in [int(b) for b in args.batches.split(",")]:
         row: dict[str, Any] = dict(batch=batch, off=args.off, mean_context=context, useful_tokens=useful)
         row.update(on(compute, floor, model, batch, context, device, args.floor_iters))
+        if args.hbm_bytes_per_s:  # the full-batch graph against its bound (issue 24: within 3x)
+            kv_token = kv_bytes_per_token(model, next(model.parameters()).dtype)
+            bound = bandwidth_bound_s(weight_bytes(model), kv_token, batch * context, 1, args.hbm_bytes_per_s)
+            row.update(floor_bandwidth_bound_ms=1e3 * bound, floor_vs_bound=row["floor_step_ms"] / (1e3 * bound))
         log(f"floor batch {batch}: {row['floor_step_ms']:.2f} ms/step, {row['floor_tokens_per_s']:,.0f} tok/s, "
             f"{row.get('kernels_per_decode_step', row.get('aten_ops_per_decode_step'))} kernels (ops) per step")
         row.update(run_engine(model, reqs, batch, device, args, compute))
