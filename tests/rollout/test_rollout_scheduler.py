@@ -107,3 +107,19 @@ def test_finished_by_length_and_stop() -> None:
     assert finished == [a, b]  # a hits max_tokens, b hits EOS
     assert (a.finish_reason, b.finish_reason) == ("length", "stop")
     assert a.response_ids == [5, 6] and b.response_ids == [5, 0]
+
+
+def test_time_to_first_token_is_stamped_once_at_the_first_token() -> None:
+    sched = Scheduler(max_num_seqs=1, kv_budget_tokens=100, max_prefill_tokens=100)
+    a, b = seq("a", 3, max_tokens=3), seq("b", 3)
+    sched.add(a)
+    sched.add(b)
+    step(sched)
+    stamped = a.first_token_at
+    assert stamped is not None and b.first_token_at is None  # b waits for the slot
+    assert "first_token_s" not in b.to_trajectory("aborted").timings
+    step(sched)
+    assert a.first_token_at == stamped  # later tokens leave it
+    timings = a.to_trajectory("length").timings
+    assert timings["first_token_s"] == stamped - a.submitted_at
+    assert 0 <= timings["queue_s"] <= timings["first_token_s"] <= timings["generate_s"]
