@@ -12,6 +12,12 @@ Millions of responses therefore cost a few heap operations each, not one Python 
 whole group finishes, sets one timer there, and resolves that group's future when it fires.
 Anything that arrives before then (a new group, a pause) first brings the model to "now".
 
+Admission follows `TorchEngine`'s rule (`asyncrl.rollout.scheduler`): waiting requests join
+when at least min(`min_free_slots`, waiting) slots are free or nothing runs; 1 admits whenever
+a request finishes. Prefill is charged per token, with no fixed cost per prefill step, so a
+larger `min_free_slots` shows what the rule costs (slots idle while they wait) and not what it
+saves on a GPU (fewer launch-bound prefill steps stalling the batch).
+
 Not modelled: prefix caching, speculative decoding, chunked-prefill interleaving (prefill is
 charged up front when a request is admitted), and per-token sampling (lengths are drawn when
 a request is submitted).
@@ -59,8 +65,10 @@ Waiting = tuple[GroupSpec, int, Runs, int, int]
 
 class EngineModel:
     def __init__(self, coefficients: tuple[float, float, float], prefill_s_per_token: float,
-                 kv_capacity: int, max_seqs: int, watermark: float = 0.01) -> None:
+                 kv_capacity: int, max_seqs: int, watermark: float = 0.01, min_free_slots: int = 1) -> None:
+        assert min_free_slots >= 1, min_free_slots
         self.watermark = watermark
+        self.min_free_slots = min_free_slots  # capped at max_seqs where it is read (retune changes it)
         self.retune(coefficients, prefill_s_per_token, kv_capacity, max_seqs)
         self.t = 0.0
         self.S = 0.0
@@ -151,6 +159,8 @@ class EngineModel:
         if self._blocked and self.running:
             return
         running, waiting, S = self.running, self.waiting, self.S
+        if running and self.max_seqs - len(running) < min(self.min_free_slots, self.max_seqs, len(waiting)):
+            return  # the engine's rule: decode on until enough slots are free to share one prefill
         context, tokens = self.context_tokens(), 0
         while waiting and len(running) < self.max_seqs:
             spec, target, runs, done, index = waiting[0]

@@ -40,8 +40,11 @@ class SimRolloutServer:
 
     def __init__(self, cfg: Config, profile: Profile, tp: int, workload: Workload) -> None:
         self.cfg, self.profile, self.workload = cfg, profile, workload
+        # rollout.admit_min_free_slots 0 models 1: the profiles were fitted to engines that admit
+        # whenever a slot frees (vLLM on the GPU profiles), and the model has no per-step prefill cost
         model = EngineModel(costs.decode_coefficients(profile, tp), costs.prefill_s_per_token(profile, tp),
-                            kv_capacity(cfg, profile, tp), cfg.rollout.max_num_seqs)
+                            kv_capacity(cfg, profile, tp), cfg.rollout.max_num_seqs,
+                            min_free_slots=cfg.rollout.admit_min_free_slots or 1)
         self.engine = SimEngine(model)
         self.partial_continuations = 0
         self._groups = 0

@@ -162,3 +162,22 @@ def test_completions_match_the_recorded_reference(args, expected):
     assert m.t == pytest.approx(end, rel=1e-9, abs=1e-6)
     assert sum(r[4] for r in rows) == pytest.approx(t_sum, rel=1e-9, abs=1e-6)
     assert sum(i * r[4] for i, r in enumerate(rows)) == pytest.approx(t_weighted, rel=1e-9, abs=1e-3)
+
+
+@pytest.mark.parametrize(("min_free_slots", "second_group_ends"), [(1, 4.0), (3, 5.0), (8, 5.0)])
+def test_admission_waits_for_min_free_slots_as_the_engine_does(min_free_slots, second_group_ends):
+    # Four slots, full; they free at t = 2, 3, 4. k = 1 admits one at 2 and two at 3 (done by 4);
+    # k = 3 (and 8, capped at 4 slots but only 3 waiting) waits for three free slots at t = 4.
+    m = EngineModel((1.0, 0.0, 0.0), 0.0, 10**9, 4, watermark=0.0, min_free_slots=min_free_slots)
+    submit(m, 0, 2, 3, 4, 10)
+    submit(m, 1, 1, 1, 1)
+    [(group, finished)] = m.advance(INF, stop_after_group=True)
+    assert group == 1 and m.t == pytest.approx(second_group_ends, rel=0, abs=1e-9)
+
+
+def test_a_queue_shorter_than_min_free_slots_never_waits():
+    m = EngineModel((1.0, 0.0, 0.0), 0.0, 10**9, 4, watermark=0.0, min_free_slots=3)
+    submit(m, 0, 2, 3, 4, 10)
+    submit(m, 1, 1)  # one waiting: one free slot (t = 2) is enough
+    [(group, _)] = m.advance(INF, stop_after_group=True)
+    assert group == 1 and m.t == pytest.approx(3.0, rel=0, abs=1e-9)
