@@ -62,23 +62,22 @@ def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings) -
                           min_free_slots=settings.admit_free_slots)
     for request in requests:
         scheduler.add(Sequence.from_request(request, eos_ids=()))
-    counts: Counter[str] = Counter()
+    rows: Counter[str] = Counter()
     graphs: Counter[tuple[int, int]] = Counter()
     sizes = bucket_sizes(settings.max_num_seqs)
     while (plan := scheduler.schedule()) is not None:
-        _count(plan, counts, graphs, sizes, settings.model_len)
-        rows = plan.num_rows
-        scheduler.apply(plan, StepResult([_NO_TOKEN] * rows, [0.0] * rows, 0))
-    return ReplayCounts(steps=counts["steps"], decode_steps=counts["decode"], prefill_steps=counts["prefill"],
-                        move_steps=counts["moves"], decode_rows=counts["decode_rows"],
-                        prefill_rows=counts["prefill_rows"], graphs=graphs)
+        _count(plan, rows, graphs, sizes, settings.model_len)
+        scheduler.apply(plan, StepResult([_NO_TOKEN] * plan.num_rows, [0.0] * plan.num_rows, 0))
+    steps = scheduler.step_counts
+    return ReplayCounts(steps=steps["steps"], decode_steps=steps["decode"], prefill_steps=steps["prefill"],
+                        move_steps=steps["moves"], decode_rows=rows["decode"], prefill_rows=rows["prefill"],
+                        graphs=graphs)
 
 
-def _count(plan: StepPlan, counts: Counter[str], graphs: Counter[tuple[int, int]], sizes: list[int],
+def _count(plan: StepPlan, rows: Counter[str], graphs: Counter[tuple[int, int]], sizes: list[int],
            capacity: int) -> None:
-    decode, prefill = len(plan.decode_tokens), len(plan.prefill_contexts)
-    counts.update(steps=1, decode=decode > 0, prefill=prefill > 0, moves=bool(plan.moves),
-                  decode_rows=decode, prefill_rows=prefill)
+    decode = len(plan.decode_tokens)
+    rows.update(decode=decode, prefill=len(plan.prefill_contexts))
     if decode:  # the key `BucketedDecode` replays (a GPU cache's capacity is max_model_len)
         bucket = next(s for s in sizes if s >= decode)
         graphs[bucket, attention_length(max(plan.decode_positions), capacity)] += 1

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from asyncrl.rollout.sequence import Sequence
@@ -76,6 +76,9 @@ class Scheduler:
         self.preemptions = 0
         self._moves: list[tuple[int, int, int]] = []
         self._admitted = 0
+        self.step_counts: Counter[str] = Counter()
+        """Steps planned, by what they carry: "steps", "decode" (any decode row), "prefill" (any
+        admitted row), "moves" (KV rows moved); a step can count under several."""
 
     # ---- queue edits (event-loop thread, any time) ----
 
@@ -127,6 +130,7 @@ class Scheduler:
             seqs=tuple(rows),
         )
         self._moves = []
+        self.step_counts.update(steps=1, decode=num_decode > 0, prefill=bool(admitted), moves=bool(plan.moves))
         return plan
 
     def apply(self, plan: StepPlan, result: StepResult) -> list[Sequence]:
