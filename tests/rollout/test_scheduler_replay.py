@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from asyncrl.rollout import run_sync
 from asyncrl.rollout.replay import replay
 from asyncrl.rollout.settings import EngineSettings
 from asyncrl.types import GenerationRequest
 from bench.gpu_engine import CUDA_DEFAULTS, MODELS, workload
+from tests.rollout.rollout_testlib import engine, staggered_requests, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +62,22 @@ def test_the_cuda_default(requests: list[GenerationRequest], batch: int) -> None
     print(f"batch {batch}, CUDA default k = {settings.admit_free_slots}: {counts.prefill_steps} prefill steps, "
           f"{counts.decode_steps} decode steps")
     assert counts.prefill_steps <= 30
+
+
+
+def test_the_engine_admits_by_its_settings_and_steps_as_the_replay_does() -> None:
+    """TorchEngine carries `admit_min_free_slots` to its scheduler: its steps are the replay's,
+    fewer of them prefill at k = 4 than at 1, and k changes no greedy response (rows are
+    independent)."""
+    model, reqs = tiny_model("llama"), staggered_requests(10)
+    responses, prefill_steps = [], []
+    for k in (1, 4):
+        eng = engine(model, max_num_seqs=4, admit_min_free_slots=k)
+        responses.append([o.response_ids for o in run_sync(eng, reqs)])
+        eng.close()
+        counts = replay(reqs, EngineSettings(max_num_seqs=4, admit_min_free_slots=k))
+        assert eng._scheduler.step_counts == {"steps": counts.steps, "decode": counts.decode_steps,
+                                              "prefill": counts.prefill_steps, "moves": counts.move_steps}
+        prefill_steps.append(counts.prefill_steps)
+    assert prefill_steps == [7, 3]
+    assert responses[0] == responses[1]
