@@ -4,13 +4,14 @@
 first step (as `run_sync` and `generate_many` queue them), then schedule -> step -> apply until
 nothing runs. Each request runs to its `max_tokens`, as the benchmarks' `ignore_eos` requests do:
 the stand-in sampled token is an id no vocabulary has, so no stop token ends one early. It counts
-the steps by kind and the decode graphs (batch bucket, attention length) a static engine would
-capture, which is how issue 24 explained the GPU run's step and graph counts exactly.
+the steps by kind (with the scheduler's own `step_counts`) and the decode graphs (batch bucket,
+attention length) a static engine with the padded-length decode attention would capture, which
+is how issue 24 explained the GPU run's step and graph counts exactly.
 
-Used by tests/rollout/test_scheduler_replay.py (the admission rule's counts) and by the engine
-benchmarks (the prefill-step count beside tokens/s). It lives in the package, beside the
-scheduler and the graph bucketing it mirrors, so a change to either shows up in its counts and
-a benchmark reads it without importing tests.
+Used by tests/rollout/test_scheduler_replay.py (the admission rule's counts), and there for an
+engine benchmark to print the prefill steps of its settings without importing tests. It lives in
+the package, beside the scheduler and the graph bucketing it mirrors, so a change to either
+shows up in its counts.
 
 Not here: time. A count says what a step does, not how long it takes (docs/engine.md's cost
 model, the simulator in `asyncrl.sim`).
