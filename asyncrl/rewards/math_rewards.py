@@ -7,9 +7,10 @@ LaTeX or plain expressions. If math-verify does not confirm the answer and the r
 (so "... the answer is 42" scores even when math-verify picked another span). A `\\boxed{}`
 answer is final: a wrong boxed answer is not rescued by a number after it.
 
-`gsm8k_score`: verl's rule. "strict" takes the last `#### <number>` (the GSM8K format);
-"flexible" the last number anywhere; "auto" (the default here; verl's default is "strict") uses
-`####` when the response has one and the last number otherwise. Numbers compare after removing
+`gsm8k_score`: verl's rule. "strict" (the default, as verl's) takes the last `#### <number>` (the
+GSM8K format); "flexible" the last number anywhere; "auto" uses `####` when the response has one
+and the last number otherwise. `reward.gsm8k_method` picks it for a run, a row's
+`extra_info["gsm8k_method"]` for that row. Numbers compare after removing
 commas and `$`, numerically (so "72.0" == "72").
 
 math-verify's own signal-based timeouts only work in the main thread, so they are off here:
@@ -63,7 +64,7 @@ def math_score(solution_str: str, ground_truth: str) -> dict[str, float]:
     return {"score": float(correct), "acc": float(correct), "boxed": float(boxed)}
 
 
-def gsm8k_score(solution_str: str, ground_truth: str, method: str = "auto") -> dict[str, float]:
+def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict") -> dict[str, float]:
     """GSM8K: compare the `#### n` answer ("strict"), the last number ("flexible"), or either ("auto").
 
     Example: gsm8k_score("3 + 4 = 7\\n#### 7", "7")["score"] == 1.0; "The answer is 7" scores 1.0
@@ -92,5 +93,5 @@ def compute_math(data_source: str, solution_str: str, ground_truth: str,
 @register("openai/gsm8k", "gsm8k")
 def compute_gsm8k(data_source: str, solution_str: str, ground_truth: str,
                   extra_info: dict[str, Any] | None = None) -> dict[str, float]:
-    """Registered for GSM8K; `extra_info["gsm8k_method"]` may pick "strict" or "flexible"."""
-    return gsm8k_score(solution_str, ground_truth, (extra_info or {}).get("gsm8k_method", "auto"))
+    """Registered for GSM8K; `extra_info["gsm8k_method"]` may pick "flexible" or "auto" (default "strict")."""
+    return gsm8k_score(solution_str, ground_truth, (extra_info or {}).get("gsm8k_method", "strict"))

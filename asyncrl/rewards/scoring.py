@@ -10,7 +10,8 @@ that too many failed (`asyncrl.workers.reward`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from asyncrl.rewards.pool import RewardPool
 from asyncrl.rewards.registry import RewardResult
@@ -19,13 +20,15 @@ from asyncrl.types import PromptRow
 
 
 def score_batch(rows: Sequence[PromptRow], responses: Sequence[str], *, pool: RewardPool,
-                stats: RewardStats | None = None) -> list[RewardResult]:
+                stats: RewardStats | None = None, defaults: Mapping[str, Any] | None = None) -> list[RewardResult]:
     """Score `responses[i]` against `rows[i]` in the pool's processes; results in input order.
+    `defaults`: extra_info entries every call gets unless its row sets them (`reward.gsm8k_method`).
 
     Never raises for a failing reward; takes about ceil(len / pool workers) * timeout_s at worst.
     """
     assert len(rows) == len(responses), (len(rows), len(responses))
-    calls = [RewardCall(r.data_source, text, r.ground_truth, dict(r.extra_info)) for r, text in zip(rows, responses)]
+    calls = [RewardCall(r.data_source, text, r.ground_truth, {**(defaults or {}), **r.extra_info})
+             for r, text in zip(rows, responses)]
     outcomes = pool.run(calls)
     if stats is not None:
         for call, outcome in zip(calls, outcomes):

@@ -67,7 +67,8 @@ class RewardWorker:
         texts = self.tokenizer.batch_decode([list(t.response_ids) for t in trajectories], skip_special_tokens=True)
         if self.code_timeouts is not None:
             rows = [self.code_timeouts.attach(r) for r in rows]
-        results = score_batch(rows, texts, pool=self.pool, stats=self.stats)
+        results = score_batch(rows, texts, pool=self.pool, stats=self.stats,
+                              defaults={"gsm8k_method": self.cfg.gsm8k_method})
         for row, traj, result in zip(rows, trajectories, results):
             if self.code_timeouts is not None:
                 self.code_timeouts.learn(row, result)

@@ -43,3 +43,17 @@ def test_score_response_passes_verl_arguments() -> None:
     pool = InlinePool(lambda *args: seen.append(args) or 1.0)
     assert score_response(ROW, "text", pool=pool).score == 1.0
     assert seen == [(ROW.data_source, "text", ROW.ground_truth, dict(ROW.extra_info))]
+
+
+def test_gsm8k_is_strict_by_default_and_the_run_default_yields_to_a_row() -> None:
+    from dataclasses import replace
+
+    from asyncrl.rewards.math_rewards import compute_gsm8k
+
+    pool = InlinePool(compute_gsm8k)
+    row = replace(ROW, data_source="openai/gsm8k", ground_truth="56", extra_info={})
+    strict_row = replace(row, extra_info={"gsm8k_method": "strict"})
+    text = "The answer is 56"
+    assert [r.score for r in score_batch([row], [text], pool=pool)] == [0.0]  # verl's default: '#### 56' only
+    flexible = score_batch([row, strict_row], [text, text], pool=pool, defaults={"gsm8k_method": "flexible"})
+    assert [r.score for r in flexible] == [1.0, 0.0]
