@@ -25,10 +25,10 @@ from torch import nn
 
 from asyncrl.errors import RolloutError
 from asyncrl.rollout.kv_cache import SlotKVCache
+from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, causal_attention, packed_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
-_SDPA_GQA = torch.__version__ >= "2.5"  # scaled_dot_product_attention(enable_gqa=...)
 
 
 # The parts of an HF Llama / Qwen2 causal LM used here. nn.Module types every submodule attribute
@@ -132,15 +132,6 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: tor
     scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(scale).add_(mask)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
     return torch.matmul(probs, values)
-
-
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal SDPA with grouped KV heads: q (n, H, T, D), k/v (n, Hkv, T, D)."""
-    if _SDPA_GQA:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    groups = q.shape[1] // k.shape[1]  # torch < 2.5: repeat the KV heads
-    return F.scaled_dot_product_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1),
-                                          is_causal=True, scale=scale)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -254,8 +245,29 @@ class BatchedForward:
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # (n, Hkv, T, D)
             cache.keys[i][first_slot : first_slot + n, :, :t] = k
             cache.values[i][first_slot : first_slot + n, :, :t] = v
-            out = _causal_attention(q.transpose(1, 2), k, v, self.scaling)  # (n, H, T, D)
+            out = causal_attention(q.transpose(1, 2), k, v, self.scaling)  # (n, H, T, D)
             h = h + layer.self_attn.o_proj(out.transpose(1, 2).reshape(n, t, -1))
             h = self._mlp_residual(layer, h)
         last = h[torch.arange(n, device=device), lengths - 1]
         return self._logits(last)
+
+    def prefill_packed(self, cache: SlotKVCache, packed: PackedPrompts, path: PrefillPath,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+        """Prompts packed into one row of N tokens (`asyncrl.rollout.prefill`), no padding: each
+        token's K/V into its (slot, position), one attention call per layer over the rows
+        (`path`: "varlen", "jagged" or "rows"). Returns the logits of each row's last token,
+        (R, V) float32, into `out` when given. Every shape is fixed by the layout, and nothing is
+        read back to the host: a CUDA graph can capture it.
+        """
+        n = packed.ids.shape[0]
+        h = self.base.embed_tokens(packed.ids)[None]  # (1, N, hidden)
+        cos, sin = self.base.rotary_emb(h, packed.positions[None])  # (1, N, D)
+        cos, sin = cos[:, :, None], sin[:, :, None]
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, _rms_norm(layer.input_layernorm, h), cos, sin)  # (1, N, heads, D)
+            cache.keys[i][packed.slots, :, packed.positions] = k[0]
+            cache.values[i][packed.slots, :, packed.positions] = v[0]
+            attended = packed_attention(q[0], k[0], v[0], packed, path, self.scaling)  # (N, H, D)
+            h = h + layer.self_attn.o_proj(attended.reshape(1, n, self.num_heads * self.head_dim))
+            h = self._mlp_residual(layer, h)
+        return self._logits(h[0].index_select(0, packed.last), out)

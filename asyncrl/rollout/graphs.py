@@ -23,7 +23,10 @@ Padding rows (token 0 at position 0) sit in the slots after the real rows: those
 belong to this step's prefill rows, which are written after the decode. Their logits are
 dropped. On CPU the same code runs eagerly (`capture=False`), which is how the tests check it.
 
-Not here: sampling (eager, after the logits), prefill (eager: its shapes vary), what to decode.
+`BucketedPrefill` does the same for the packed prefill on CUDA (`asyncrl.rollout.prefill`): its
+token count rounded up to a bucket, one graph per (token bucket, row bucket).
+
+Not here: sampling (eager, after the logits), what to decode or prefill.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ import torch
 
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.kv_cache import SlotKVCache
-from asyncrl.rollout.transfer import copy_from_host
+from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, layout_size, pack_prompts
+from asyncrl.rollout.transfer import copy_from_host, to_device
 
 MIN_ATTENTION_LENGTH = 128
 
@@ -125,3 +129,116 @@ class BucketedDecode:
         self.captures += 1
         self.capture_s += time.perf_counter() - start
         return graph
+
+
+MIN_PREFILL_TOKENS = 64
+
+
+def prefill_token_buckets(max_tokens: int, minimum: int = MIN_PREFILL_TOKENS) -> list[int]:
+    """Powers of two from `minimum` to the first >= `max_tokens`: a packed prefill's token count
+    is rounded up to one (at most 2x the real tokens).
+
+    Example: max_tokens 4096 -> [64, 128, 256, 512, 1024, 2048, 4096]; 100 -> [64, 128]."""
+    sizes = [minimum]
+    while sizes[-1] < max_tokens:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
+class BucketedPrefill:
+    """Packed prefills (`BatchedForward.prefill_packed`) through static buffers, one graph per
+    (token bucket, row bucket) when `capture`.
+
+    A step's prompts are packed (`asyncrl.rollout.prefill.pack_prompts`) to T tokens, the next
+    of `prefill_token_buckets`, in R rows, the next of `bucket_sizes`: the dummy tail extends the
+    last prompt (written past its end in its own slot, never read) and rows past the real ones
+    are empty. The varlen kernel takes the rows' longest length as a host int (`max_seqlen`,
+    which sizes its grid); a graph fixes it at capture, so it is T, which bounds every row, the
+    tail-extended last one included: the kernel then launches ceil(T / 128) query blocks per
+    row and head, and those past a row's end return at once (at most R times the blocks the
+    real rows need; R = 1 when the step admits one prompt). Keying graphs by the longest row
+    too would multiply their number for a saving in empty blocks.
+
+    A prompt set longer than the largest bucket runs eagerly (`eager`), packed, unpadded. The
+    logits of a step land in one static (rows, V) buffer, the next prefill overwrites them;
+    graphs have a memory pool of their own (prefill temporaries are far larger than decode's).
+    """
+
+    def __init__(self, forward: BatchedForward, cache: SlotKVCache, max_rows: int, max_tokens: int, *,
+                 path: PrefillPath, capture: bool) -> None:
+        assert cache.static, "graphs need a static cache (SlotKVCache(static=True))"
+        self.forward = forward
+        self.cache = cache
+        self.path = path
+        self.token_sizes = prefill_token_buckets(max_tokens)
+        self.row_sizes = bucket_sizes(max_rows)
+        self.capture = capture
+        self.captures = 0
+        self.capture_s = 0.0
+        self.steps: Counter[tuple[int, int]] = Counter()
+        """Prefills per (token bucket, row bucket) key, in the order first run."""
+        self.eager = 0
+        """Prefills longer than the largest bucket, run eagerly."""
+        device = cache.device
+        self._flat = torch.zeros(layout_size(self.token_sizes[-1], max_rows), dtype=torch.int64, device=device)
+        self._logits = torch.zeros(max_rows, forward.vocab_size, dtype=torch.float32, device=device)
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, int]] = {}  # key -> (graph, generation)
+        self._pool = torch.cuda.graph_pool_handle() if capture else None
+
+    def __call__(self, contexts: Sequence[Sequence[int]], first_slot: int) -> torch.Tensor:
+        """Logits (len(contexts), V) float32 of each prompt's last token; prompts go to slots
+        first_slot.. . The result is a view of a buffer the next prefill overwrites."""
+        n, real = len(contexts), sum(len(c) for c in contexts)
+        if real > self.token_sizes[-1]:
+            self.eager += 1
+            flat, lengths = pack_prompts(contexts, first_slot)
+            packed = PackedPrompts.view(to_device(flat, self.cache.device), real, n, lengths, max(lengths))
+            return self.forward.prefill_packed(self.cache, packed, self.path)
+        key = next(t for t in self.token_sizes if t >= real), next(r for r in self.row_sizes if r >= n)
+        flat, lengths = pack_prompts(contexts, first_slot, tokens=key[0], rows=key[1], capacity=self.cache.capacity)
+        copy_from_host(self._flat[: flat.numel()], flat)
+        self.steps[key] += 1
+        if not self.capture:
+            self._run(key, lengths)
+            return self._logits[:n]
+        graph, generation = self._graphs.get(key, (None, -1))
+        if graph is None or generation != self.cache.generation:
+            graph = self._capture(key, lengths)
+        graph.replay()
+        return self._logits[:n]
+
+    def _run(self, key: tuple[int, int], lengths: tuple[int, ...]) -> None:
+        tokens, rows = key
+        packed = PackedPrompts.view(self._flat, tokens, rows, lengths, longest=tokens)
+        self.forward.prefill_packed(self.cache, packed, self.path, out=self._logits[:rows])
+
+    def _capture(self, key: tuple[int, int], lengths: tuple[int, ...]) -> torch.cuda.CUDAGraph:
+        """As `BucketedDecode._capture`: a warm-up on a side stream, then the capture, both over
+        this step's real inputs (their K/V writes are the step's own)."""
+        start = time.perf_counter()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._run(key, lengths)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            self._run(key, lengths)
+        self._graphs[key] = graph, self.cache.generation
+        self.captures += 1
+        self.capture_s += time.perf_counter() - start
+        return graph
+
+    def replay_s(self, key: tuple[int, int], iters: int) -> float:
+        """Mean seconds of one replay of `key`'s graph, for the engine bench's own-mix floor. A
+        replay rewrites the K/V of the last prefill run under that key: run it only after the
+        engine is done with the cache."""
+        assert self.capture, "replay times are a captured graph's"
+        graph = self._graphs[key][0]
+        graph.replay()
+        torch.cuda.synchronize(self.cache.device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            graph.replay()
+        torch.cuda.synchronize(self.cache.device)
+        return (time.perf_counter() - start) / iters

@@ -13,7 +13,8 @@ This module does no scheduling and knows nothing about asyncio or futures.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -22,9 +23,10 @@ from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.generic import StepCache, StepForward, build_forward
-from asyncrl.rollout.graphs import BucketedDecode
+from asyncrl.rollout.graphs import BucketedDecode, BucketedPrefill
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.memory import KVPlan, ModelShape, activation_reserve_bytes, device_memory, plan_kv_cache
+from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, pack_prompts, prefill_path
 from asyncrl.rollout.sampler import SamplingBatch, sample
 from asyncrl.rollout.scheduler import StepPlan, StepResult
 from asyncrl.rollout.settings import ForwardChoice
@@ -67,6 +69,17 @@ class StepRunner:
                                                  gpu_memory_utilization, max_prefill_tokens)
             self.graphs = BucketedDecode(self.forward, self.cache, self.max_num_seqs,
                                          capture=self.device.type == "cuda")
+        self.prefill_path: PrefillPath = "padded"
+        """How prefills run (`asyncrl.rollout.prefill.prefill_path`): packed but for float32 on CUDA."""
+        self.prefill_graphs: BucketedPrefill | None = None
+        if isinstance(self.forward, BatchedForward):
+            assert isinstance(self.cache, SlotKVCache)
+            self.prefill_path = prefill_path(self.device, self.cache.dtype)
+            if self.graphs is not None and self.prefill_path == "varlen":
+                self.prefill_graphs = BucketedPrefill(self.forward, self.cache, self.max_num_seqs, max_prefill_tokens,
+                                                      path="varlen", capture=self.device.type == "cuda")
+        self.prefills: Counter[PrefillPath] = Counter()
+        """Prefill forwards run, by path: what tests and benches read."""
         self.lock = threading.Lock()
         self.version = version
         self.generator = torch.Generator()
@@ -131,20 +144,33 @@ class StepRunner:
         source = [unique.setdefault(c, len(unique)) for c in contexts]
         shared = len(unique) < len(contexts) and isinstance(self.cache, SlotKVCache)
         rows = list(unique) if shared else list(contexts)
+        self.prefills[self.prefill_path] += 1
+        logits = self._prefill_padded(rows, first_slot) if self.prefill_path == "padded" else \
+            self._prefill_packed(rows, first_slot)
+        if not shared:
+            return logits
+        assert isinstance(self.cache, SlotKVCache)
+        # unique rows sit at first_slot..; each other row takes its prompt's K/V, all in one copy
+        moves = [(first_slot + row, first_slot + src) for row, src in enumerate(source) if row != src]
+        self.cache.copy_slots([d for d, _ in moves], [s for _, s in moves], max(len(c) for c in rows))
+        return logits[to_device(torch.tensor(source, dtype=torch.int64), self.device)]
+
+    def _prefill_padded(self, rows: Sequence[tuple[int, ...]], first_slot: int) -> torch.Tensor:
         lengths = [len(c) for c in rows]
         padded = torch.zeros(len(rows), max(lengths), dtype=torch.int64)
         for row, context in enumerate(rows):
             padded[row, : len(context)] = torch.tensor(context, dtype=torch.int64)
         lens = to_device(torch.tensor(lengths, dtype=torch.int64), self.device)
-        logits = self.forward.prefill(self.cache, to_device(padded, self.device), lens, first_slot)
-        if not shared:
-            return logits
-        assert isinstance(self.cache, SlotKVCache)
-        index = to_device(torch.tensor(source, dtype=torch.int64), self.device)
-        width = max(lengths)
-        for layer in (*self.cache.keys, *self.cache.values):  # unique rows sit at first_slot..
-            layer[first_slot : first_slot + len(source), :, :width] = layer[first_slot + index, :, :width]
-        return logits[index]
+        return self.forward.prefill(self.cache, to_device(padded, self.device), lens, first_slot)
+
+    def _prefill_packed(self, rows: Sequence[tuple[int, ...]], first_slot: int) -> torch.Tensor:
+        """Through the prefill graphs where there are, else eagerly, packed without padding."""
+        if self.prefill_graphs is not None:
+            return self.prefill_graphs(rows, first_slot)
+        assert isinstance(self.forward, BatchedForward) and isinstance(self.cache, SlotKVCache)
+        flat, lengths = pack_prompts(rows, first_slot)
+        packed = PackedPrompts.view(to_device(flat, self.device), sum(lengths), len(rows), lengths, max(lengths))
+        return self.forward.prefill_packed(self.cache, packed, self.prefill_path)
 
     def release_cache(self) -> None:
         with self.lock:

@@ -303,14 +303,10 @@ def test_a_groups_shared_prompt_is_prefilled_once_with_the_same_outputs(arch: st
     reqs.insert(2, request("o", other, 9, temperature=1.0, seed=7))
     alone = [run_sync(engine(model), [r])[0] for r in reqs]
     eng = engine(model)
-    calls: list[int] = []
-    prefill = eng._runner.forward.prefill
-
-    def counted(cache, token_ids, lengths, first_slot):  # type: ignore[no-untyped-def]
-        calls.append(token_ids.shape[0])
-        return prefill(cache, token_ids, lengths, first_slot)
-
-    eng._runner.forward.prefill = counted  # type: ignore[method-assign]
+    calls: list[int] = []  # rows of each prefill forward, padded or packed
+    for name in ("_prefill_padded", "_prefill_packed"):
+        inner = getattr(eng._runner, name)
+        setattr(eng._runner, name, lambda rows, first, inner=inner: calls.append(len(rows)) or inner(rows, first))
     together = run_sync(eng, reqs)
     assert_same(together, alone)
     assert len({tuple(o.response_ids) for o in together}) > 2  # the samples differ from each other
