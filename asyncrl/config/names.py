@@ -46,6 +46,8 @@ OffPolicyCorrection = Literal["none", "token", "sequence"]
 SandboxBackend = Literal["auto", "bwrap", "rlimit", "http"]
 PackedAttention = Literal["auto", "varlen", "jagged", "grouped"]
 """`model.packed_attention=`: the kernel for packed rows (`asyncrl.training.packed_attention.choose`)."""
+DecodeAttention = Literal["auto", "matmul", "triton"]
+"""`rollout.decode_attention=`: the engine's decode attention (`asyncrl.rollout.attention.resolve`)."""
 FusedDecode = Literal["auto", "on", "off"]
 """`rollout.fused_decode=`: `asyncrl.rollout.kernels.use_fused_decode` resolves it."""
 
