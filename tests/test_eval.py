@@ -17,6 +17,7 @@ from asyncrl.data import make_task
 from asyncrl.data.dataset import write_jsonl
 from asyncrl.eval import evaluate
 from asyncrl.pipelines.common import run_validation
+from asyncrl.telemetry.trace import Trace
 from asyncrl.types import Group, PromptRow, Trajectory
 
 
@@ -38,7 +39,8 @@ def test_training_validation_and_eval_report_the_same_numbers() -> None:
     observed one (1.0). Tolerance: a mean of two float64 values, exact to an ulp."""
     groups = [group("a", "gsm8k", [0, 1]), group("b", "gsm8k", [1, 1]), group("c", "math", [0, 0.5])]
     rows = [g.row for g in groups]
-    ctx = SimpleNamespace(val_rows=rows, cfg=load_config(None, ["rollout.val_n=2"]), rollout=ScriptedRollout(groups))
+    ctx = SimpleNamespace(val_rows=rows, cfg=load_config(None, ["rollout.val_n=2"]), rollout=ScriptedRollout(groups),
+                          trace=Trace())
     training = asyncio.run(run_validation(ctx, step=3))
     evaluated = asyncio.run(evaluate(ScriptedRollout(groups), rows, 2))
     assert {k: v for k, v in training.items() if not k.startswith("timing_s/")} == evaluated

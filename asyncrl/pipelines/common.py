@@ -65,9 +65,11 @@ async def run_validation(ctx: RunContext, step: int) -> dict[str, float]:
     if not ctx.val_rows:
         return {}
     k, metrics = ctx.cfg.rollout.val_n, dict[str, float]()
-    with timer("testing", metrics):
+    with timer("testing", metrics), ctx.trace.span("validate", "validation", step=step):
         groups = await asyncio.gather(*(ctx.rollout.generate_scored(r, k, f"{r.uid}@val{step}", "val")
                                         for r in ctx.val_rows))
+    for g in groups:
+        ctx.trace.add_group(g, "rollout", validation=True)
     return metrics | validation_metrics(groups)
 
 
@@ -130,7 +132,7 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
     if groups:
         metrics |= group_metrics(groups, ctx.cfg.data.max_response_length)
         for g in groups:
-            ctx.trace.add_group(g, "rollout")
+            ctx.trace.add_group(g, "rollout", step=step)
     metrics |= await ctx.rollout.stats()
     metrics["training/responses"] = sum(len(g.trajectories) for g in groups)
     metrics["training/global_step"] = step

@@ -8,8 +8,10 @@ this module lays them out when the trace is written:
   together) go to the lowest free lane, threads "rollout0/gen", "rollout0/gen #1", ...; no two
   spans on a lane overlap. Child spans (the phases of a training step) stay on their parent's.
 - `running_counters`: per engine, a counter track of the requests in flight, from the same spans.
+- `flow_events`: a flow arrow (Chrome's `ph` "s" -> "f") between two laid-out spans, each end
+  inside its span so that viewers bind it to that slice.
 - `chrome_events`: numeric pids (one process per name prefix before "/": an engine, the trainer,
-  the sync, the pipeline's counters) and tids, with their name and sort-order metadata.
+  the validation, the sync, the pipeline's counters) and tids, with their name and sort-order metadata.
 
 It does not record anything or read clocks (`asyncrl.telemetry.trace` does).
 """
@@ -24,7 +26,7 @@ Event = dict[str, Any]
 LANE_SEP = " #"
 PARENT = "_parent"
 """Key of a child span's parent event (dropped on export)."""
-PROCESS_ORDER = ("trainer", "sync", "pipeline")
+PROCESS_ORDER = ("trainer", "validation", "sync", "pipeline")
 """Processes shown first, in this order; the rest (engines) follow by name."""
 
 
@@ -86,6 +88,26 @@ def running_counters(events: list[Event]) -> list[Event]:
     return out
 
 
+FLOW_CATEGORY = "trained"
+"""Category of the arrows from a sample's generation to the update that trained it."""
+ON_THREAD = ("X", "s", "f")
+"""Event phases drawn on a thread (the rest: counters, on their process)."""
+
+
+def flow_events(pairs: list[tuple[Event, Event]], first_id: int = 0) -> list[Event]:
+    """An arrow per (from span, to span), ids from `first_id`. Each end lies inside its span, 1 µs
+    (or half the span) from the edge it leaves or enters, so the slice that encloses it (what
+    Chrome and Perfetto bind a flow event to) is that span, not a neighbour that ends or starts
+    at the same instant; "f" binds to its enclosing slice ("bp": "e")."""
+    out: list[Event] = []
+    for i, (src, dst) in enumerate(pairs, start=first_id):
+        out += [{"name": "sample", "cat": FLOW_CATEGORY, "ph": "s", "id": i, "tid": src["tid"],
+                 "ts": src["ts"] + src["dur"] - min(1.0, src["dur"] / 2)},
+                {"name": "sample", "cat": FLOW_CATEGORY, "ph": "f", "bp": "e", "id": i, "tid": dst["tid"],
+                 "ts": dst["ts"] + min(1.0, dst["dur"] / 2)}]
+    return out
+
+
 def chrome_events(events: list[Event]) -> list[Event]:
     """`events` (tid: thread name, proc: counter's process) with numeric pids and tids, after
     process_name, thread_name and sort-index metadata."""
@@ -104,7 +126,7 @@ def chrome_events(events: list[Event]) -> list[Event]:
     body = []
     for e in events:
         pid = pids[process_of(e)]
-        if e["ph"] == "X":
+        if e["ph"] in ON_THREAD:
             body.append(e | {"pid": pid, "tid": tids[e["tid"]]})
         else:
             body.append({k: v for k, v in e.items() if k != "proc"} | {"pid": pid})
@@ -118,7 +140,7 @@ def from_chrome(trace_events: list[Event]) -> list[Event]:
     names = {e["tid"]: str(e["args"]["name"]) for e in trace_events if e["ph"] == "M" and e["name"] == "thread_name"}
     out = []
     for e in trace_events:
-        if e["ph"] == "X":
+        if e["ph"] in ON_THREAD:
             out.append({k: v for k, v in e.items() if k != "pid"} | {"tid": names[e["tid"]]})
         elif e["ph"] == "C":
             out.append({k: v for k, v in e.items() if k != "pid"} | {"proc": procs.get(e["pid"], "pipeline")})

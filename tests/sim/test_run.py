@@ -138,3 +138,18 @@ def test_the_run_plan_is_logged_once_saved_and_what_the_run_did(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("training/global_step", 0) for r in rows) == plan["updates"]
     assert (tmp_path / "config.yaml").is_file()  # beside the config it came from
+
+
+def test_a_long_simulated_run_traces_its_end_within_the_event_budget(tmp_path):
+    """16 steps of 128 responses in a 1,500-event trace: every update is there, per-sample spans
+    are sampled (stride > 1, said in otherData) and reach the last update, whose trained
+    samples still have their flow arrows into it."""
+    run(tmp_path, "pipeline=one_step_off trainer.total_training_steps=16 sim.trace_max_events=1500")
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    events = trace["traceEvents"]
+    assert sum(e["ph"] != "M" for e in events) <= 1500 and trace["otherData"]["sampling"]["stride"] > 1
+    train = sorted((e for e in events if e["name"] == "train"), key=lambda e: e["ts"])
+    assert [e["args"]["step"] for e in train] == list(range(1, 17))
+    last = train[-1]
+    assert any(e["ph"] == "f" and e["tid"] == last["tid"] and last["ts"] <= e["ts"] <= last["ts"] + last["dur"]
+               for e in events)

@@ -179,3 +179,81 @@ def test_counters_count_against_max_events(tmp_path):
         trace.add("train", "trainer", 0.0, 1.0)
         trace.log_step({"rollouter/running": 1, "rollouter/waiting": 2, "fully_async/queue/size": 3}, step=1)
     assert len(trace.events()) == 3 and trace.dropped == 1
+
+
+def traj_at(i: int, gen: tuple[float, float], reward: tuple[float, float] | None = None):
+    from asyncrl.types import Trajectory
+
+    timings = {"gen_start": gen[0], "gen_end": gen[1], "engine": 0}
+    if reward is not None:
+        timings |= {"reward_start": reward[0], "reward_end": reward[1]}
+    return Trajectory(f"p{i}/0", [1], [2, 3], [0.0, 0.0], [0, 0], "stop", timings=timings)
+
+
+def one_group(i: int, gen: tuple[float, float], reward: tuple[float, float] | None = None):
+    from asyncrl.types import Group, PromptRow
+
+    row = PromptRow(uid=f"p{i}", data_source="s", messages=(), ground_truth="a", prompt_ids=(1,))
+    return Group(f"p{i}@1", row, [traj_at(i, gen, reward)])
+
+
+def test_a_flow_arrow_goes_from_each_trained_generation_to_its_update(tmp_path):
+    """Flow events "s" -> "f" with one id: "s" inside the gen span on its lane, "f" inside the
+    update's "train" span on the trainer's thread, bound to it ("bp": "e"); validation groups
+    get "val" spans and no arrow; a resumed segment numbers its arrows after the earlier ones."""
+    path = tmp_path / "t.json"
+    with use_clock(ManualClock(0.0)):
+        trace = Trace()
+        trace.add("validate", "validation", 0.0, 1.0, step=0)
+        trace.add_group(one_group(9, (0.0, 1.0)), "rollout", validation=True)
+        trace.add("train", "trainer", 5.0, 7.0, step=1)
+        trace.add_group(one_group(0, (1.0, 3.0)), "rollout", step=1)
+        trace.add_group(one_group(1, (2.0, 4.0)), "rollout", step=1)
+        trace.export(path)
+    events = json.loads(path.read_text())["traceEvents"]
+    threads = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    spans_by = {(e["name"], e["args"].get("sample")): e for e in events if e["ph"] == "X"}
+    flows = [e for e in events if e["ph"] in "sf"]
+    assert sorted((e["ph"], e["id"]) for e in flows) == [("f", 0), ("f", 1), ("s", 0), ("s", 1)]
+    train = spans_by[("train", None)]
+    for e in flows:
+        assert e["cat"] == "trained"
+        if e["ph"] == "s":
+            gen = next(s for s in spans_by.values() if s["name"] == "gen" and s["ts"] < e["ts"] < s["ts"] + s["dur"]
+                       and s["tid"] == e["tid"])
+            assert threads[gen["tid"]].startswith("rollout0/gen")
+        else:
+            assert e["bp"] == "e" and e["tid"] == train["tid"] and train["ts"] < e["ts"] < train["ts"] + train["dur"]
+    assert threads[spans_by[("validate", None)]["tid"]] == "validation"
+    assert threads[spans_by[("val", "p9/0")]["tid"]] == "rollout0/gen"
+    with use_clock(ManualClock(0.0)):
+        again = Trace()
+        again.add("train", "trainer", 1.0, 2.0, step=2)
+        again.add_group(one_group(2, (0.0, 1.0)), "rollout", step=2)
+        again.export(path)
+    ids = [(e["ph"], e["id"]) for e in json.loads(path.read_text())["traceEvents"] if e["ph"] in "sf"]
+    assert sorted(ids) == [("f", 0), ("f", 1), ("f", 2), ("s", 0), ("s", 1), ("s", 2)]
+
+
+def test_per_sample_spans_are_sampled_over_the_whole_run_within_the_budget(tmp_path):
+    """100 steps of one update span and 4 one-response groups each (a gen span, a reward span and
+    an arrow's two events: 4 events a group), in a budget of 200 events: the 100 updates are all
+    kept, leaving room for 25 groups, so the stride doubles to 16 (400 / 8 = 50 groups would not
+    fit) and groups 0, 16, ..., 384 are kept: step 1's first group to step 97's."""
+    with use_clock(ManualClock(0.0)):
+        trace = Trace(max_events=200)
+        for step in range(1, 101):
+            t = 10.0 * step
+            trace.add("train", "trainer", t + 5, t + 6, step=step)
+            for j in range(4):
+                trace.add_group(one_group(4 * step + j, (t, t + 1), (t + 1 + j / 10, t + 2)), "rollout", step=step)
+        trace.export(tmp_path / "t.json")
+    data = json.loads((tmp_path / "t.json").read_text())
+    events = data["traceEvents"]
+    assert sum(e["name"] == "train" for e in events) == 100 and data["otherData"]["dropped_events"] == 0
+    sampling = data["otherData"]["sampling"]
+    assert (sampling["stride"], sampling["groups"], sampling["groups_kept"]) == (16, 400, 25)
+    gens = sorted(e["ts"] for e in events if e["name"] == "gen")
+    assert len(gens) == 25 and gens[0] == 10e6 and gens[-1] == 970e6
+    assert sum(e["ph"] != "M" for e in events) == 200
+    assert not any(e["name"] == "running requests" for e in events)  # it would count only the kept spans

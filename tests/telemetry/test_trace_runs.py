@@ -1,6 +1,7 @@
 """trace.json of real runs (tiny model, 2 steps): valid for Perfetto (no two complete events on
 one thread overlap unless one nests in the other, as a training stage in its update; generation
-requests never share a lane), the update split into its stages, and the counter tracks."""
+requests never share a lane), the update split into its stages, the counter tracks, validation
+spans and an arrow from each trained response to its update."""
 
 from __future__ import annotations
 
@@ -70,3 +71,7 @@ def test_trace_of_a_real_run(tiny_cache: Path, tmp_path: Path, pipeline: str) ->
     for s in stages:  # inside one update, on its track
         assert any(t["tid"] == s["tid"] and t["ts"] - 1e-3 <= s["ts"] <= s["ts"] + s["dur"] <= t["ts"] + t["dur"] + 1e-3
                    for t in train)
+    assert ("validation", "validate") in names and any(p.startswith("rollout") and n == "val" for p, n in names)
+    arrives = [e for e in events if e["ph"] == "f"]  # one arrow per trained response, into its update
+    assert len(arrives) == 2 * 4 * 4 and all(any(t["tid"] == e["tid"] and t["ts"] <= e["ts"] <= t["ts"] + t["dur"]
+                                                 for t in train) for e in arrives)
