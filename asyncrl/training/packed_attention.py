@@ -117,6 +117,9 @@ def packed_mask(*args: Any, **kwargs: Any) -> Tensor | None:
     return None if plain else sdpa_mask(*args, **kwargs)
 
 
+# Eager inside a compiled layer (`asyncrl.training.compile`): a graph break, since the kernel choice,
+# the row plans and the path counts are host Python that would recompile on every new row count.
+@torch.compiler.disable
 def packed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                      dropout: float = 0.0, scaling: float | None = None, *, path: PackedAttention = "auto",
                      **kwargs: Any) -> tuple[Tensor, None]:
@@ -128,7 +131,7 @@ def packed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tenso
     if bounds is None:
         return _masked(module, query, key, value, attention_mask, dropout, scaling, kwargs)
     assert query.shape[0] == 1, "packed rows are one sequence"
-    lengths: tuple[int, ...] = kwargs.get(ROWS) or _lengths(bounds)
+    lengths = tuple(kwargs.get(ROWS) or _lengths(bounds))  # from a compiled layer: `compile.HostLengths`
     window = kwargs.get("sliding_window")
     ran = choose(path, query.is_cuda, _dtype(query), dropout, window is not None and max(lengths) > window)
     PATHS[ran] += 1

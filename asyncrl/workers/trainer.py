@@ -49,6 +49,7 @@ from asyncrl.telemetry.metrics import masked_stats, timer
 from asyncrl.telemetry.perf import ModelShape, actor_mfu, cuda_name, memory_metrics
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.batch import TrainBatch, build_batch
+from asyncrl.training.compile import compile_metrics
 from asyncrl.training.critic import Critic
 from asyncrl.types import Group, WeightMeta
 from asyncrl.workers.handles import blocking
@@ -135,12 +136,13 @@ class PPOTrainer:
         return metrics | self._perf(stream.batches, metrics, passes=1)
 
     def _perf(self, batches: Sequence[TrainBatch], metrics: dict[str, float], passes: int) -> dict[str, float]:
-        """This process's memory and, on a known GPU, the actor update's MFU (`telemetry.perf`)."""
+        """This process's memory, on a known GPU the actor update's MFU (`telemetry.perf`), and with
+        compiled layers what compiling took since the last step (`training.compile`)."""
         device = next(self.actor.model.parameters()).device
         lens = [int(n) for b in batches for n in b.attention_mask.sum(-1)]
         shape = ModelShape.from_hf(getattr(self.actor.model, "config", None))
         return memory_metrics(device) | actor_mfu(shape, lens, metrics.get("timing_s/update_actor", 0.0),
-                                                  passes, cuda_name(device))
+                                                  passes, cuda_name(device)) | compile_metrics(self.actor.model)
 
     def _prepare(self, groups: Sequence[Group], metrics: dict[str, float]) -> TrainBatch:
         """The batch of these groups with old/ref log-probs, values and advantages."""
