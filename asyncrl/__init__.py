@@ -28,3 +28,4 @@ try:
     check_torch(metadata.version("torch"))
 except metadata.PackageNotFoundError:  # no torch at all: the first `import torch` says so
     pass
+

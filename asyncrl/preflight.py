@@ -36,6 +36,7 @@ from asyncrl.data.dataset import SUPPORTED_SUFFIXES, check_prompt_lengths, load_
 from asyncrl.errors import ConfigError
 from asyncrl.models.loading import check_model_path, local_tokenizer_dir
 from asyncrl.rewards import check_signature
+from asyncrl.rewards.batch_functions import resolve as resolve_batch_function
 from asyncrl.rewards.registry import load_custom_function, resolve_reward_fn
 from asyncrl.telemetry.loggers import missing_logger_package
 from asyncrl.types import PromptRow
@@ -153,7 +154,12 @@ def _count_dropped(counter: LengthCounter, f: DataFile, max_prompt_length: int, 
 
 
 def check_rewards(reward: RewardConfig, files: Sequence[DataFile]) -> None:
-    """reward.custom_function imports, or every data_source of the data files has a built-in scorer."""
+    """reward.functions resolve (they score every data source), or reward.custom_function imports, or
+    every data_source of the data files has a built-in scorer."""
+    if reward.functions:
+        for spec in reward.functions:
+            resolve_batch_function(spec)
+        return
     if reward.custom_function:
         check_signature(load_custom_function(reward.custom_function), reward.custom_function)
         return
@@ -190,8 +196,8 @@ def _prompt_length_counter(model_path: str, chat_template: str) -> LengthCounter
     def count(rows: Sequence[PromptRow]) -> list[int] | None:
         try:
             template = env.from_string(template_text)
-            texts = [template.render(messages=[dict(m) for m in r.messages], add_generation_prompt=True, **specials)
-                     for r in rows]
+            texts = [r.text or template.render(messages=[dict(m) for m in r.messages], add_generation_prompt=True,
+                                               **specials) for r in rows]
         except Exception:  # a template using transformers-only extensions: leave it to the loader
             return None
         return [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]

@@ -93,6 +93,9 @@ class PromptRow:
     ability: str = ""
     extra_info: dict[str, Any] = field(default_factory=dict)
     prompt_ids: tuple[int, ...] = ()
+    text: str = ""
+    """The prompt as raw text (a string `prompt`, TRL's standard format), tokenized as it is, without
+    the chat template; `messages` is then empty."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ ROOT = Path(asyncrl.__file__).parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # The commands.
-    ("asyncrl.cli",),
+    ("asyncrl.cli", "asyncrl.api"),
     # What `asyncrl sim` and `asyncrl eval` run: the simulator drives pipelines/ unchanged on
     # modelled workers (so it sits above them, not at DESIGN.md's bottom line); eval runs one
     # rollout worker over held-out rows.

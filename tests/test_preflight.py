@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import string
@@ -46,7 +47,8 @@ def char_model_dir(root: Path, *, tokenizer: bool = True) -> Path:
 
 
 def write_jsonl(path: Path, prompts: list[str], data_source: str = "arithmetic") -> str:
-    path.write_text("".join(json.dumps({"data_source": data_source, "prompt": p,
+    """Conversational rows: each prompt one user message (the chat template applies)."""
+    path.write_text("".join(json.dumps({"data_source": data_source, "prompt": [{"role": "user", "content": p}],
                                         "reward_model": {"ground_truth": "1"}}) + "\n" for p in prompts))
     return str(path)
 
@@ -162,7 +164,7 @@ def test_fewer_prompts_than_a_batch_after_filtering(tmp_path: Path) -> None:
 def test_preflight_counts_prompt_tokens_as_the_loader_does(tmp_path: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
-    from asyncrl.data.tokenization import encode_messages
+    from asyncrl.data.tokenization import encode_messages, encode_text
 
     model = char_model_dir(tmp_path)
     rows = load_rows(write_jsonl(tmp_path / "d.jsonl", ["What is 2+3?", "a\nb  c", "x" * 40]))
@@ -170,6 +172,8 @@ def test_preflight_counts_prompt_tokens_as_the_loader_does(tmp_path: Path) -> No
     assert counter is not None
     tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
     assert counter(rows) == [len(encode_messages(tok, r.messages, TEMPLATE)) for r in rows]
+    raw = [dataclasses.replace(rows[0], messages=(), text="<|user|>raw")]  # TRL's standard format: no template
+    assert counter(raw) == [len(encode_text(tok, "<|user|>raw"))]
 
 
 def test_model_dir_without_tokenizer_names_model_path(tmp_path: Path) -> None:

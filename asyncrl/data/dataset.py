@@ -10,9 +10,9 @@ Decisions:
 - `ground_truth` is always a str: numbers via `str()`, lists/dicts as JSON.
 - `.json` holds either one JSON array of rows or, as `datasets.Dataset.to_json` writes it, JSON
   lines.
-- JSONL may give `prompt` as a plain string: it becomes one user message (handy for hand-written
-  files). Parquet must use the verl message list: a string there usually means a different,
-  pre-templated layout, and templating it twice would be silently wrong.
+- `prompt` as a list of messages gets the chat template (TRL's conversational format); `prompt`
+  as a plain string is raw text, tokenized as it is without a template (TRL's standard format, and
+  what a pre-templated dataset holds: templating it twice would be silently wrong).
 - Parquet cannot tell a missing struct key from a null one, so `None` values in `extra_info`
   are dropped on load.
 
@@ -32,7 +32,7 @@ from typing import Any
 from asyncrl.errors import ConfigError, DataError
 from asyncrl.types import PromptRow
 
-_MESSAGES_HINT = "must be a list of {role, content} messages"
+_MESSAGES_HINT = "must be a list of {role, content} messages or a non-empty string (raw text)"
 SUPPORTED_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
@@ -67,8 +67,6 @@ def _read_parquet(path: str) -> list[dict[str, Any]]:
         if column not in table.column_names:
             raise DataError(f"{path}: missing column '{column}' (have {table.column_names})")
     records: list[dict[str, Any]] = table.to_pylist()
-    for rec in records:
-        rec["__format__"] = "parquet"
     return records
 
 
@@ -102,7 +100,6 @@ def _read_json(path: str) -> list[dict[str, Any]]:
 def _json_object(rec: Any, where: str) -> dict[str, Any]:
     if not isinstance(rec, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-    rec["__format__"] = "jsonl"
     return rec
 
 
@@ -113,7 +110,9 @@ def row_from_record(rec: dict[str, Any], path: str, index: int, split_name: str 
     data_source = rec.get("data_source")
     if not isinstance(data_source, str) or not data_source:
         raise DataError(f"{where}: field 'data_source' must be a non-empty str, got {_tname(data_source)}")
-    messages = _messages(rec.get("prompt"), where, allow_str=rec["__format__"] == "jsonl")
+    prompt = rec.get("prompt")
+    text = prompt if isinstance(prompt, str) and prompt else ""
+    messages = () if text else _messages(prompt, where)
     ability = rec.get("ability") or ""
     if not isinstance(ability, str):
         raise DataError(f"{where}: field 'ability' must be a str, got {_tname(ability)}")
@@ -126,12 +125,11 @@ def row_from_record(rec: dict[str, Any], path: str, index: int, split_name: str 
         ground_truth=_ground_truth(rec.get("reward_model"), where),
         ability=ability,
         extra_info=extra_info,
+        text=text,
     )
 
 
-def _messages(prompt: Any, where: str, *, allow_str: bool) -> tuple[dict[str, str], ...]:
-    if allow_str and isinstance(prompt, str):
-        return ({"role": "user", "content": prompt},)
+def _messages(prompt: Any, where: str) -> tuple[dict[str, str], ...]:
     if not isinstance(prompt, list) or not prompt:
         got = "an empty list" if prompt == [] else _tname(prompt)
         raise DataError(f"{where}: field 'prompt' {_MESSAGES_HINT}, got {got}")
@@ -226,7 +224,7 @@ def _describe(value: Any) -> str:
 def _to_record(row: PromptRow) -> dict[str, Any]:
     return {
         "data_source": row.data_source,
-        "prompt": [{"role": m["role"], "content": m["content"]} for m in row.messages],
+        "prompt": row.text or [{"role": m["role"], "content": m["content"]} for m in row.messages],
         "ability": row.ability,
         "reward_model": {"ground_truth": row.ground_truth, "style": "rule"},
         "extra_info": dict(row.extra_info),

@@ -1,7 +1,8 @@
-"""Turn `PromptRow.messages` into `prompt_ids` with the tokenizer's chat template.
+"""Turn `PromptRow.messages` into `prompt_ids` with the tokenizer's chat template, or `PromptRow.text` without one.
 
 Applies `tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)`
-row by row and drops (and counts) prompts longer than `data.max_prompt_length`. It does not
+row by row (a raw-text row, TRL's standard format, is encoded as it is, adding no special tokens,
+as TRL does) and drops (and counts) prompts longer than `data.max_prompt_length`. It does not
 pad, batch or truncate: a prompt is either kept whole or filtered, never cut.
 """
 
@@ -29,7 +30,7 @@ def tokenize_rows(
     With `filter_overlong=False` an overlong prompt raises `DataError` instead of being dropped.
     """
     template = chat_template or getattr(tokenizer, "chat_template", None)
-    if not template:
+    if not template and any(not r.text for r in rows):
         raise DataError(
             "the tokenizer has no chat template; set data.chat_template to a jinja template "
             "string (e.g. \"{% for m in messages %}{{ m['content'] }}{% endfor %}\")"
@@ -37,7 +38,7 @@ def tokenize_rows(
     kept: list[PromptRow] = []
     n_filtered = 0
     for row in rows:
-        ids = encode_messages(tokenizer, row.messages, template)
+        ids = encode_text(tokenizer, row.text) if row.text else encode_messages(tokenizer, row.messages, template or "")
         if len(ids) <= max_prompt_length:
             kept.append(dataclasses.replace(row, prompt_ids=tuple(ids)))
         elif filter_overlong:
@@ -48,6 +49,11 @@ def tokenize_rows(
                 f"{max_prompt_length}; raise data.max_prompt_length"
             )
     return kept, n_filtered
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """A raw-text prompt's ids, no special tokens added (TRL's standard format)."""
+    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
 def encode_messages(tokenizer: Any, messages: Sequence[dict[str, str]], template: str) -> list[int]:

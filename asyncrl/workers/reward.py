@@ -30,7 +30,9 @@ from asyncrl.config.long_tail import RewardSchedulerConfig, SandboxConfig
 from asyncrl.config.schema import RewardConfig
 from asyncrl.errors import ConfigError, RewardError
 from asyncrl.rewards import RewardPool, RewardResult, RewardStats, check_signature, resolve_reward_fn, score_batch
+from asyncrl.rewards.batch_functions import BatchFunctions
 from asyncrl.rewards.code_exec import CODE_SOURCES, count_tests
+from asyncrl.rewards.runner import Outcome
 from asyncrl.scheduling.adaptive_timeout import AdaptiveTimeout
 from asyncrl.types import Group, PromptRow, Trajectory
 
@@ -52,10 +54,13 @@ class RewardWorker:
         self.stats = RewardStats()
         self.failures = FailureWindow(cfg.max_failure_ratio, window)
         self.pool = RewardPool(cfg.num_workers, cfg.timeout_s, cfg.custom_function, sandbox)
+        self.functions = BatchFunctions(cfg.functions, cfg.function_weights, cfg.timeout_s) if cfg.functions else None
         self.code_timeouts = CodeTimeouts(scheduler) if scheduler is not None and scheduler.enable else None
 
     def check(self, rows: Iterable[PromptRow]) -> None:
         """Resolve and signature-check every data source's function now (ConfigError if wrong)."""
+        if self.functions is not None:
+            return  # resolved when built; they score every data source
         for source in sorted({r.data_source for r in rows}):
             check_signature(resolve_reward_fn(source, self.cfg.custom_function or None), self.cfg.custom_function)
 
@@ -67,8 +72,13 @@ class RewardWorker:
         texts = self.tokenizer.batch_decode([list(t.response_ids) for t in trajectories], skip_special_tokens=True)
         if self.code_timeouts is not None:
             rows = [self.code_timeouts.attach(r) for r in rows]
-        results = score_batch(rows, texts, pool=self.pool, stats=self.stats,
-                              defaults={"gsm8k_method": self.cfg.gsm8k_method})
+        if self.functions is not None:
+            results = self.functions.score(rows, texts)
+            for row, result in zip(rows, results):
+                self.stats.record(Outcome(result, result.error), row.data_source)
+        else:
+            results = score_batch(rows, texts, pool=self.pool, stats=self.stats,
+                                  defaults={"gsm8k_method": self.cfg.gsm8k_method})
         for row, traj, result in zip(rows, trajectories, results):
             if self.code_timeouts is not None:
                 self.code_timeouts.learn(row, result)
@@ -90,6 +100,8 @@ class RewardWorker:
     def close(self) -> None:
         """Kill the reward processes (a later `score` is a programmer error)."""
         self.pool.close()
+        if self.functions is not None:
+            self.functions.close()
 
 
 CALL_SLACK_S = 5.0

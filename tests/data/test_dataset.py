@@ -73,17 +73,12 @@ def test_ground_truth_is_normalised_to_str(tmp_path: Path, truth: Any, expected:
     assert load_rows(path)[0].ground_truth == expected
 
 
-def test_jsonl_accepts_plain_string_prompt(tmp_path: Path) -> None:
-    path = _write_jsonl(tmp_path / "d.jsonl", [_record(prompt="What is 1+1?")])
-    assert load_rows(path)[0].messages == ({"role": "user", "content": "What is 1+1?"},)
-
-
-def test_parquet_rejects_string_prompt_naming_file_row_field(tmp_path: Path) -> None:
-    recs = [_record(), _record(), _record()]
-    table = pa.Table.from_pylist([{**r, "prompt": json.dumps(r["prompt"])} for r in recs])
+def test_parquet_rejects_a_prompt_neither_messages_nor_text_naming_file_row_field(tmp_path: Path) -> None:
+    table = pa.Table.from_pylist([{**_record(), "prompt": 7}])
     path = str(tmp_path / "train.parquet")
     pq.write_table(table, path)
-    msg = r"train\.parquet row 0 \(0-based\): field 'prompt' must be a list of \{role, content\} messages, got str"
+    msg = (r"train\.parquet row 0 \(0-based\): field 'prompt' must be a list of \{role, content\} messages or a "
+           r"non-empty string \(raw text\), got int")
     with pytest.raises(DataError, match=msg):
         load_rows(path)
 
@@ -143,7 +138,7 @@ def test_json_file_as_array_or_json_lines(tmp_path: Path, layout: str) -> None:
     path = tmp_path / "d.json"
     path.write_text(json.dumps(recs) if layout == "array" else "".join(json.dumps(r) + "\n" for r in recs))
     rows = load_rows(str(path))
-    assert [r.messages[0]["content"] for r in rows] == ["What is 2+3?", "What is 1+1?"]
+    assert [(r.messages[0]["content"] if r.messages else r.text) for r in rows] == ["What is 2+3?", "What is 1+1?"]
 
 
 def test_json_array_bad_row_names_file_row_field(tmp_path: Path) -> None:
@@ -154,7 +149,7 @@ def test_json_array_bad_row_names_file_row_field(tmp_path: Path) -> None:
 
 
 def test_row_from_record_names_file_row_field() -> None:
-    rec = {**_record(ability=3), "__format__": "jsonl"}
+    rec = _record(ability=3)
     with pytest.raises(DataError, match=r"x\.jsonl row 4 \(0-based\): field 'ability'"):
         row_from_record(rec, "x.jsonl", 4)
 
@@ -184,3 +179,26 @@ def test_drop_overlong_keeps_the_prompts_that_fit() -> None:
 
 def _no_log(message: str) -> None:
     raise AssertionError(f"unexpected log line: {message}")
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_string_prompt_is_raw_text_in_every_format(tmp_path: Path, suffix: str) -> None:
+    row = PromptRow("train-0", "x", (), "2", text="<|user|>1+1=<|assistant|>")
+    path = str(tmp_path / f"train{suffix}")
+    (write_parquet if suffix == ".parquet" else write_jsonl)([row], path)
+    loaded = load_rows(path)[0]
+    assert (loaded.text, loaded.messages) == (row.text, ())
+
+
+def test_raw_text_is_tokenized_without_the_chat_template() -> None:
+    from asyncrl.data.tokenization import tokenize_rows
+
+    class Tok:
+        chat_template = None  # raw text needs none
+
+        def __call__(self, text: str, add_special_tokens: bool) -> dict[str, list[int]]:
+            assert not add_special_tokens
+            return {"input_ids": [ord(c) for c in text]}
+
+    kept, dropped = tokenize_rows([PromptRow("u", "x", (), "", text="ab")], Tok(), 8)
+    assert (kept[0].prompt_ids, dropped) == ((97, 98), 0)

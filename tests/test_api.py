@@ -1,0 +1,80 @@
+"""The Python API for TRL users (`asyncrl.Trainer`): GRPOConfig names and dotted keys become the
+config, TRL-format rows become a verl-layout file, TRL reward functions score a real run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.api import Trainer, function_spec
+from asyncrl.data.dataset import load_rows
+from asyncrl.data.tasks import make_task
+from asyncrl.errors import ConfigError, DataError
+from asyncrl.rewards.batch_functions import trl_arguments
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # datasets go to the session's cache (conftest), runs to tmp_path
+
+
+def exact(prompts: list[Any], completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+    """A module-level TRL reward function: importable by name."""
+    return [float(c[0]["content"].strip() == a) for c, a in zip(completions, answer)]
+
+
+def test_grpo_config_names_and_dotted_keys_make_the_config() -> None:
+    trainer = Trainer(reward_funcs=exact, train_dataset=[{"prompt": "1+1=", "answer": "2"}], learning_rate=1e-5,
+                      num_generations=4, max_completion_length=12, beta=0.04, config={"actor.ppo_epochs": 2})
+    cfg = trainer.cfg
+    assert (cfg.actor.lr, cfg.rollout.n, cfg.data.max_response_length, cfg.actor.ppo_epochs) == (1e-5, 4, 12, 2)
+    assert (cfg.actor.use_kl_loss, cfg.actor.kl_loss_coef, cfg.actor.kl_loss_type) == (True, 0.04, "k3")
+    assert cfg.reward.functions == ("tests.test_api:exact",)  # importable: named, runs in any process
+    with pytest.raises(ConfigError, match=r"Trainer\(num_generation=...\): .* did you mean num_generations\?"):
+        Trainer(train_dataset=[{"prompt": "x"}], num_generation=4)
+
+
+def test_a_lambda_runs_in_this_process_only() -> None:
+    spec = function_spec(lambda prompts, completions, **_: [0.0] * len(prompts))
+    assert spec.startswith("driver:")
+    with pytest.raises(ConfigError, match="backend=processes: a reward function that is not importable by name"):
+        Trainer(reward_funcs=lambda prompts, completions, **_: [], train_dataset=[{"prompt": "x"}],
+                config={"backend": "processes"})
+
+
+def test_rows_keep_their_format_and_columns() -> None:
+    rows = [{"prompt": "3+4=", "answer": "7"}, {"prompt": [{"role": "user", "content": "2+3?"}], "answer": "5"}]
+    trainer = Trainer(reward_funcs=exact, train_dataset=rows)
+    loaded = load_rows(trainer.cfg.data.train_files[0])
+    assert (loaded[0].text, loaded[0].messages) == ("3+4=", ())  # TRL's standard format: raw text
+    assert loaded[1].messages == ({"role": "user", "content": "2+3?"},) and loaded[1].text == ""
+    assert trl_arguments(loaded, ["7", "5"])["answer"] == ["7", "5"]
+    assert Trainer(reward_funcs=exact, train_dataset=rows).cfg.data.train_files == trainer.cfg.data.train_files
+    with pytest.raises(DataError, match="row 0 has no 'prompt' column"):
+        Trainer(train_dataset=[{"question": "x"}])
+    with pytest.raises(DataError, match=r"column 'blob': bytes is not JSON-serialisable"):
+        Trainer(train_dataset=[{"prompt": "x", "blob": b"\x00"}])
+
+
+def test_a_trl_reward_function_scores_a_training_run(tmp_path: Path) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def right(prompts: list[Any], completions: list[Any], answer: list[str], **columns: Any) -> list[float]:
+        seen.append({"prompts": prompts, "completions": completions, "answer": answer, **columns})
+        return [float(c[0]["content"].strip() == a) for c, a in zip(completions, answer)]
+
+    rows = [{"prompt": list(r.messages), "answer": r.ground_truth} for r in make_task("arithmetic", 16)]
+    out = Trainer(reward_funcs=right, train_dataset=rows, max_steps=2, num_generations=4,
+                          max_completion_length=8, output_dir=str(tmp_path / "run"), report_to=["jsonl"],
+                          config={"data.train_batch_size": 4, "actor.ppo_mini_batch_size": 4, "trainer.test_freq": 0,
+                                  "trainer.val_before_train": False, "num_threads": 1}).train()
+    assert out == tmp_path / "run"
+    assert len(seen) == 2 and len(seen[0]["prompts"]) == 16  # once per step's batch: 4 prompts x 4 responses
+    assert seen[0]["completions"][0][0]["role"] == "assistant" and seen[0]["prompts"][0][0]["role"] == "user"
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "critic/score/mean" in m] == [1, 2]
+    expected = sum(float(c[0]["content"].strip() == a) for c, a in zip(seen[0]["completions"], seen[0]["answer"]))
+    assert metrics[0]["critic/score/mean"] == pytest.approx(expected / 16, abs=1e-12)
