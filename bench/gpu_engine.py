@@ -260,7 +260,7 @@ def on(compute: Executor, fn: Callable[..., Any], *args: Any) -> Any:
     return compute.submit(fn, *args).result()
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--model", choices=list(MODELS))
@@ -291,20 +291,45 @@ def main() -> None:
             setattr(args, key, value)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here; use --device cpu")
-    device = torch.device(args.device)
     args.off = list(PARTS) if args.off == "all" else [p for p in args.off.split(",") if p]
     if unknown := [p for p in args.off if p not in PARTS]:
         raise SystemExit(f"--off {','.join(unknown)}: no such engine part; the parts are: {', '.join(PARTS)}")
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    name = torch.cuda.get_device_name(args.device) if args.device == "cuda" else ""
     args.hbm_bytes_per_s = args.hbm_tbs * 1e12 if args.hbm_tbs else hbm_bytes_per_s(name)
+    return args
+
+
+def one_batch(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: int, device: torch.device,
+              args: argparse.Namespace, compute: Executor) -> dict[str, Any]:
+    """The floor, its bandwidth bound and the engine at one max batch: one result row."""
+    context = mean_context(reqs)
+    row: dict[str, Any] = dict(batch=batch, off=args.off, mean_context=context,
+                               useful_tokens=sum(r.params.max_tokens for r in reqs))
+    row.update(on(compute, floor, model, batch, context, device, args.floor_iters))
+    if args.hbm_bytes_per_s:  # the full-batch graph against its bound (issue 24: within 3x)
+        kv_token = kv_bytes_per_token(model, next(model.parameters()).dtype)
+        bound = bandwidth_bound_s(weight_bytes(model), kv_token, batch * context, 1, args.hbm_bytes_per_s)
+        row.update(floor_bandwidth_bound_ms=1e3 * bound, floor_vs_bound=row["floor_step_ms"] / (1e3 * bound))
+    log(f"floor batch {batch}: {row['floor_step_ms']:.2f} ms/step, {row['floor_tokens_per_s']:,.0f} tok/s, "
+        f"{row.get('kernels_per_decode_step', row.get('aten_ops_per_decode_step'))} kernels (ops) per step")
+    row.update(run_engine(model, reqs, batch, device, args, compute))
+    row["engine_vs_floor"] = row["engine_tokens_per_s"] / row["floor_tokens_per_s"]
+    log(f"batch {batch} (off: {','.join(args.off) or 'none'}): engine {row['engine_tokens_per_s']:,.0f} tok/s, "
+        f"{row['engine_vs_own_mix_floor'] or 0:.0%} of its own-mix floor, step kinds "
+        f"{ {k: v['steps'] for k, v in row['step_kinds'].items()} }, TTFT p50/p99 {row['ttft_p50_s']}/"
+        f"{row['ttft_p99_s']} s, bandwidth bound {row.get('bandwidth_bound_s')} s")
+    return row
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
     pin_threads(1)
     compute = compute_thread(args.threads, "bench")
     model = on(compute, build_model, args.model, device)
     reqs = workload(args, model.config.vocab_size)
-    context = mean_context(reqs)
-    useful = sum(r.params.max_tokens for r in reqs)
-    log(f"{args.model} on {device}: {len(reqs)} requests, {useful} tokens, longest "
-        f"{max(r.params.max_tokens for r in reqs)}, mean context {context}")
+    log(f"{args.model} on {device}: {len(reqs)} requests, {sum(r.params.max_tokens for r in reqs)} tokens, longest "
+        f"{max(r.params.max_tokens for r in reqs)}, mean context {mean_context(reqs)}")
     meta = dict(torch=torch.__version__, python=platform.python_version(), cpus=os.cpu_count(),
                 device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
                 date=datetime.date.today().isoformat(), args=vars(args), note=None if device.type == "cuda" else
@@ -316,22 +341,9 @@ def main() -> None:
         log(f"HF generate: {hf['hf_tokens_per_s']:,.0f} tok/s ({hf['hf_steps']} steps in {hf['hf_seconds']:.1f} s)")
         write(Path(args.out), meta, rows, hf)
     for batch in [int(b) for b in args.batches.split(",")]:
-        row: dict[str, Any] = dict(batch=batch, off=args.off, mean_context=context, useful_tokens=useful)
-        row.update(on(compute, floor, model, batch, context, device, args.floor_iters))
-        if args.hbm_bytes_per_s:  # the full-batch graph against its bound (issue 24: within 3x)
-            kv_token = kv_bytes_per_token(model, next(model.parameters()).dtype)
-            bound = bandwidth_bound_s(weight_bytes(model), kv_token, batch * context, 1, args.hbm_bytes_per_s)
-            row.update(floor_bandwidth_bound_ms=1e3 * bound, floor_vs_bound=row["floor_step_ms"] / (1e3 * bound))
-        log(f"floor batch {batch}: {row['floor_step_ms']:.2f} ms/step, {row['floor_tokens_per_s']:,.0f} tok/s, "
-            f"{row.get('kernels_per_decode_step', row.get('aten_ops_per_decode_step'))} kernels (ops) per step")
-        row.update(run_engine(model, reqs, batch, device, args, compute))
-        row["engine_vs_floor"] = row["engine_tokens_per_s"] / row["floor_tokens_per_s"]
+        row = one_batch(model, reqs, batch, device, args, compute)
         row["engine_vs_hf"] = row["engine_tokens_per_s"] / hf["hf_tokens_per_s"] if hf else None
         rows.append(row)
-        log(f"batch {batch} (off: {','.join(args.off) or 'none'}): engine {row['engine_tokens_per_s']:,.0f} tok/s, "
-            f"{row['engine_vs_own_mix_floor'] or 0:.0%} of its own-mix floor, step kinds "
-            f"{ {k: v['steps'] for k, v in row['step_kinds'].items()} }, TTFT p50/p99 {row['ttft_p50_s']}/"
-            f"{row['ttft_p99_s']} s, bandwidth bound {row.get('bandwidth_bound_s')} s")
         write(Path(args.out), meta, rows, hf)  # after every batch: a run cut short keeps what it measured
         gc.collect()
         if device.type == "cuda":
