@@ -135,14 +135,17 @@ MIN_PREFILL_TOKENS = 64
 
 
 def prefill_token_buckets(max_tokens: int, minimum: int = MIN_PREFILL_TOKENS) -> list[int]:
-    """Powers of two from `minimum` to the first >= `max_tokens`: a packed prefill's token count
-    is rounded up to one (at most 2x the real tokens).
+    """Powers of two from `minimum` below `max_tokens`, then `max_tokens`: a packed prefill's
+    token count is rounded up to one (at most 2x the real tokens, never past the prefill budget
+    the memory plan reserves activations for).
 
-    Example: max_tokens 4096 -> [64, 128, 256, 512, 1024, 2048, 4096]; 100 -> [64, 128]."""
-    sizes = [minimum]
-    while sizes[-1] < max_tokens:
-        sizes.append(sizes[-1] * 2)
-    return sizes
+    Example: max_tokens 4096 -> [64, 128, 256, 512, 1024, 2048, 4096]; 100 -> [64, 100]; 40 -> [40]."""
+    sizes: list[int] = []
+    size = minimum
+    while size < max_tokens:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, max_tokens]
 
 
 class BucketedPrefill:

@@ -72,6 +72,11 @@ def test_pack_prompts_lays_out_the_worked_example() -> None:
     assert tail_past_capacity[6:12].tolist() == [0, 1, 2, 3, 3, 3]  # the tail stays inside the slot
 
 
+def test_token_buckets_are_powers_of_two_up_to_the_prefill_budget() -> None:
+    assert prefill_token_buckets(4096) == [64, 128, 256, 512, 1024, 2048, 4096]
+    assert prefill_token_buckets(100) == [64, 100] and prefill_token_buckets(40) == [40]
+
+
 @pytest.mark.parametrize("arch", FAST_ARCHS)
 def test_packed_prefill_equals_the_padded_one(arch: str) -> None:
     """Logits and every cached position of the prompts equal the padded prefill's within float32
