@@ -1,6 +1,8 @@
 """Shared test setup.
 
 - One torch thread (the CI machine has 2 cores shared with others).
+- Without CUDA, Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before
+  anything imports triton).
 - Offline: a test that opens a network connection to anything but this machine fails
   (`no_network`); Ray is started on the loopback address for that reason.
 - One warmed-up tiny model (`tiny_cache`) per pytest worker and one Ray cluster (`ray_cluster`)
@@ -18,6 +20,11 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+if not torch.cuda.is_available():
+    # Triton kernels run interpreted over CPU tensors. Set before any test module imports triton:
+    # `triton.jit` reads it when it decorates, and triton.language's own functions (tl.sum, ...)
+    # are decorated when triton is first imported (transformers' Llama imports it).
+    os.environ["TRITON_INTERPRET"] = "1"
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex

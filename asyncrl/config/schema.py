@@ -27,6 +27,7 @@ from asyncrl.config.names import (
     Device,
     Dtype,
     Engine,
+    FusedDecode,
     KLControl,
     KLKind,
     Logger,
@@ -110,6 +111,8 @@ class RolloutConfig:
     """CUDA: share of the GPU's memory the engine may use (weights + KV cache + activations), as vLLM's."""
     cuda_graphs: bool = True
     """CUDA: decode replayed from CUDA graphs, one per (batch bucket, attention length), over a static KV cache."""
+    fused_decode: FusedDecode = "auto"
+    """Decode step with merged projections and fused Triton norm/rotary/SiLU kernels (auto: on CUDA; off on CPU)."""
     admit_min_free_slots: int = knob(0, ">= 0", hint="0 picks it from the device")
     """Admit when min(this, waiting requests) slots are free or none runs (0: 1 on CPU, max_num_seqs/8 on CUDA)."""
     engine: Engine = "torch"

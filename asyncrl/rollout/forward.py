@@ -7,6 +7,11 @@ or tied embeddings) and the model's own rotary module for cos/sin: that module b
 with transformers' rope init function for the config's `rope_parameters`, so Llama 3's "llama3"
 scaling (and "linear", "yarn", ...) come for free and logits match the HF forward to float
 rounding. Only attention is reimplemented: it reads/writes `SlotKVCache` and masks each row.
+With `fused=True` (`rollout.fused_decode`, CUDA's default) the decode step instead runs merged
+q/k/v and gate/up matmuls (`asyncrl.rollout.merged`) and Triton kernels for residual add +
+RMSNorm, q/k norm + rotary + the K/V write, and SiLU-multiply (`asyncrl.rollout.kernels`),
+rounding as the HF modules do; prefill keeps the HF modules (whose weights are then the merged
+buffers' rows).
 
 Not here (`fast_path_problem` says why, and the engine takes `asyncrl.rollout.generic`
 instead): other architectures, sliding-window layers, non-SiLU MLPs, rope types whose
@@ -17,6 +22,8 @@ always starts at position 0.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any, Protocol, cast
 
 import torch
@@ -25,6 +32,7 @@ from torch import nn
 
 from asyncrl.errors import RolloutError
 from asyncrl.rollout.kv_cache import SlotKVCache
+from asyncrl.rollout.merged import MergedLayer, merge_layer
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, causal_attention, packed_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -49,6 +57,12 @@ class _Attention(Protocol):
     # Qwen3 only: RMSNorm over head_dim of each query / key head, before rotary.
     q_norm: _RMSNorm
     k_norm: _RMSNorm
+
+
+class _MLP(Protocol):
+    gate_proj: nn.Module
+    up_proj: nn.Module
+    down_proj: nn.Module
 
 
 class _DecoderLayer(Protocol):
@@ -142,7 +156,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 class BatchedForward:
     """Prefill and decode steps over a batch of sequences living in cache slots."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, fused: bool = False) -> None:
         check_supported(model)
         lm = cast(_CausalLM, model)
         config = lm.config
@@ -158,6 +172,15 @@ class BatchedForward:
         self.hidden_size: int = config.hidden_size
         self.intermediate_size: int = config.intermediate_size
         self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
+        self.fused = fused
+        """Decode through the fused step (merged projections, `asyncrl.rollout.kernels`); False:
+        through HF's modules. Prefill takes HF's modules either way (their weights are the merged
+        buffers' rows when fused)."""
+        self._kernels: ModuleType | None = None
+        self._merged: list[MergedLayer] = []
+        if fused:  # imported here: @triton.jit reads TRITON_INTERPRET when the module is imported
+            self._kernels = importlib.import_module("asyncrl.rollout.kernels.elementwise")
+            self._merged = [merge_layer(cast(nn.Module, layer.self_attn), layer.mlp) for layer in self.layers]
 
     def new_cache(self, max_slots: int, device: torch.device | str) -> SlotKVCache:
         dtype = self.base.embed_tokens.weight.dtype
@@ -185,8 +208,49 @@ class BatchedForward:
     def _logits(self, h_last: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """h_last: (B, hidden) pre-norm hidden state of each row's last position. Into `out`
         (B, V) float32 when given: the cast and the copy are one kernel."""
-        logits = self.lm_head(_rms_norm(self.base.norm, h_last))
+        return self._head(_rms_norm(self.base.norm, h_last), out)
+
+    def _head(self, normed: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        logits = self.lm_head(normed)
         return logits.float() if out is None else out.copy_(logits)
+
+    # The decode layer body, unfused (HF's modules) or fused (merged projections + kernels). The
+    # residual stream is carried as (h, delta): `delta` is what the last sublayer adds to `h`,
+    # added by the next norm, which is where the fused kernel does the add.
+
+    def _add_norm(self, norm: _RMSNorm, delta: torch.Tensor | None,
+                  h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(h + delta), h + delta), rows of (B, hidden); no delta: norm(h), h."""
+        if self._kernels is not None:
+            return cast("tuple[torch.Tensor, torch.Tensor]",
+                        self._kernels.add_rms_norm(delta, h, norm.weight, norm.variance_epsilon))
+        h = h if delta is None else h + delta
+        return _rms_norm(norm, h), h
+
+    def _decode_qkv(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: SlotKVCache,
+                    rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Layer i's q (B, H, D) after Qwen3's q norm and rotary; its k and v go into the cache
+        at (row, positions[row]). x: the normed input (B, hidden); cos/sin: (B, D)."""
+        layer = self.layers[i]
+        if self._kernels is None:
+            q, k, v = self._qkv(layer, x[:, None], cos[:, None, None], sin[:, None, None])
+            cache.keys[i][rows, :, positions] = k[:, 0]
+            cache.values[i][rows, :, positions] = v[:, 0]
+            return q[:, 0]
+        merged = self._merged[i]
+        attn = layer.self_attn
+        norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon) if self.qk_norm else None
+        return cast(torch.Tensor, self._kernels.rope_cache_write(
+            F.linear(x, merged.qkv_weight, merged.qkv_bias), cos, sin, cache.keys[i], cache.values[i], positions,
+            heads=self.num_heads, kv_heads=self.kv_heads, head_norms=norms))
+
+    def _decode_mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer i's MLP of the normed x (B, hidden): down(SiLU(gate x) * up x)."""
+        mlp = self.layers[i].mlp
+        if self._kernels is None:
+            return cast(torch.Tensor, mlp(x))
+        act = self._kernels.silu_mul(F.linear(x, self._merged[i].gate_up_weight))
+        return cast(torch.Tensor, cast(_MLP, mlp).down_proj(act))
 
     def decode(
         self, cache: SlotKVCache, token_ids: torch.Tensor, positions: torch.Tensor, length: int | None = None,
@@ -203,24 +267,25 @@ class BatchedForward:
         b = token_ids.shape[0]
         length = int(positions.max()) + 1 if length is None else length
         rows = torch.arange(b, device=token_ids.device)
-        h = self.base.embed_tokens(token_ids)[:, None]  # (B, 1, hidden)
+        h = self.base.embed_tokens(token_ids)  # (B, hidden)
         cos, sin = self.base.rotary_emb(h, positions[:, None])  # (B, 1, D)
-        cos, sin = cos[:, :, None], sin[:, :, None]
+        cos, sin = cos[:, 0], sin[:, 0]
         # (B, 1, 1, L): each row sees its own keys 0..position; the rest of the view is padding.
         allowed = torch.arange(length, device=h.device)[None] <= positions[:, None]
         mask = _additive_mask(allowed[:, None, None], h.dtype)
+        delta: torch.Tensor | None = None
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, _rms_norm(layer.input_layernorm, h), cos, sin)
+            x, h = self._add_norm(layer.input_layernorm, delta, h)
+            q = self._decode_qkv(i, x, cos, sin, cache, rows, positions)
             keys, values = cache.keys[i], cache.values[i]
-            keys[rows, :, positions] = k[:, 0]
-            values[rows, :, positions] = v[:, 0]
             # Grouped-query trick: the G query heads sharing a KV head become G query rows of
             # that head (same mask), so no repeat_interleave copy of the cache is needed.
             attended = _attend(q.view(b, self.kv_heads, self.groups, self.head_dim),
                                keys[:b, :, :length], values[:b, :, :length], mask, self.scaling)
-            h = h + layer.self_attn.o_proj(attended.reshape(b, 1, self.num_heads * self.head_dim))
-            h = self._mlp_residual(layer, h)
-        return self._logits(h[:, 0], out)
+            o = layer.self_attn.o_proj(attended.reshape(b, self.num_heads * self.head_dim))
+            x, h = self._add_norm(layer.post_attention_layernorm, o, h)
+            delta = self._decode_mlp(i, x)
+        return self._head(self._add_norm(self.base.norm, delta, h)[0], out)
 
     def prefill(
         self, cache: SlotKVCache, token_ids: torch.Tensor, lengths: torch.Tensor, first_slot: int

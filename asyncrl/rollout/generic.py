@@ -58,12 +58,14 @@ class StepForward(Protocol):
                 first_slot: int) -> torch.Tensor: ...
 
 
-def build_forward(model: nn.Module, choice: ForwardChoice = "auto") -> tuple[StepForward, str | None]:
-    """(forward, why the fast path was not taken or None): the fast forward when it reproduces
-    `model` exactly, else (or when `choice` is "generic": benchmarks, debugging) a `GenericForward`."""
+def build_forward(model: nn.Module, choice: ForwardChoice = "auto", *,
+                  fused: bool = False) -> tuple[StepForward, str | None]:
+    """(forward, why the fast path was not taken or None): the fast forward (the fused decode step
+    when `fused`) when it reproduces `model` exactly, else (or when `choice` is "generic":
+    benchmarks, debugging) a `GenericForward`."""
     problem = "forward='generic' was asked for" if choice == "generic" else fast_path_problem(model)
     if problem is None:
-        return BatchedForward(model), None
+        return BatchedForward(model, fused=fused), None
     return GenericForward(model), problem
 
 

@@ -19,11 +19,13 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
+from asyncrl.config.names import FusedDecode
 from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.generic import StepCache, StepForward, build_forward
 from asyncrl.rollout.graphs import BucketedDecode, BucketedPrefill
+from asyncrl.rollout.kernels import use_fused_decode
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.memory import KVPlan, ModelShape, activation_reserve_bytes, device_memory, plan_kv_cache
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, pack_prompts, prefill_path
@@ -49,6 +51,7 @@ class StepRunner:
         max_model_len: int = 32768,
         gpu_memory_utilization: float = 0.5,
         max_prefill_tokens: int = 4096,
+        fused_decode: FusedDecode = "auto",
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -56,7 +59,8 @@ class StepRunner:
         if weights_on.type != self.device.type:
             raise ConfigError(f"the model is on {weights_on} but device={device!r}; move the model")
         self.forward: StepForward
-        self.forward, self.fast_path_problem = build_forward(model, forward)
+        self.forward, self.fast_path_problem = build_forward(model, forward,
+                                                             fused=use_fused_decode(fused_decode, self.device))
         self.cache: StepCache = self.forward.new_cache(max_num_seqs, self.device)
         self.max_num_seqs = max_num_seqs
         """Sequences a step may hold: fewer than asked when the sized GPU cache has fewer slots."""
@@ -180,7 +184,9 @@ class StepRunner:
         """Copy tensors into the model's parameters in place, between steps. Returns the count.
 
         Names are those of `model.named_parameters()` (tied aliases such as `lm_head.weight`
-        are accepted too). Unknown names and shape mismatches raise `SyncError`.
+        are accepted too). Unknown names and shape mismatches raise `SyncError`. With the fused
+        decode step the q/k/v and gate/up parameters are rows of its merged buffers
+        (`asyncrl.rollout.merged`), so the trainer's separate projections land there, in place.
         """
         with self.lock:
             loaded = load_into(self.model, named_tensors)

@@ -14,6 +14,7 @@ from typing import Literal
 
 import torch
 
+from asyncrl.config.names import FusedDecode
 from asyncrl.errors import ConfigError
 
 ForwardChoice = Literal["auto", "generic"]
@@ -46,6 +47,8 @@ class EngineSettings:
     """Decode at fixed shapes (CUDA graphs on a GPU); None: on CUDA devices only."""
     num_threads: int | None = None
     """Torch threads of the engine's own step thread when it is given none; None: torch's count."""
+    fused_decode: FusedDecode = "auto"
+    """Fused decode step (rollout.fused_decode; `asyncrl.rollout.kernels.use_fused_decode`)."""
     admit_min_free_slots: int = 0
     """Admit when min(this, waiting requests) slots are free or nothing runs; 0: `admit_free_slots`
     picks it (rollout.admit_min_free_slots)."""
