@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import load_config
+from asyncrl.config.load import load_train_config
 from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError, DataError
 from asyncrl.models.cache import cache_dir
@@ -77,7 +77,7 @@ class Trainer:
         for key, dataset in (("data.train_files", train_dataset), ("data.val_files", eval_dataset)):
             if dataset is not None:
                 settings[key] = [str(dataset_file(dataset, key))]
-        self.cfg: Config = load_config(None, [f"{k}={json.dumps(v)}" for k, v in settings.items()])
+        self.cfg: Config = load_train_config(None, [f"{k}={json.dumps(v)}" for k, v in settings.items()])
         if self.cfg.backend != "local" and any(s.startswith("driver:") for s in self.cfg.reward.functions):
             raise ConfigError(f"backend={self.cfg.backend}: a reward function that is not importable by name runs "
                               f"only in this process; use backend=local, or define it in a module")

@@ -181,3 +181,19 @@ def test_a_logger_without_its_package_names_the_extra_and_creates_nothing(
     line = f"asyncrl: error: trainer.logger={logger}: the {logger} package is not installed; {fix}"
     assert one_error_line(capsys) == line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_verl_recipe_sized_in_gpus_names_trainer_device_on_a_machine_without_cuda(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the recipe would run on it")
+    assert cli.main(["train", "actor_rollout_ref.model.path=tiny", "trainer.n_gpus_per_node=8"]) == 2
+    line = one_error_line(capsys)
+    assert "trainer.device=cuda but torch sees no CUDA device" in line and "set trainer.device=cpu" in line
+
+
+def test_a_verl_command_line_without_its_model_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["train", "actor_rollout_ref.rollout.n=4"]) == 2
+    assert "without actor_rollout_ref.model.path" in one_error_line(capsys)

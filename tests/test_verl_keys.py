@@ -238,9 +238,40 @@ def test_specific_clip_ratios_win_over_verls_clip_ratio() -> None:
     assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high) == (0.1, 0.28)
 
 
-def test_our_own_keys_do_not_take_verls_defaults() -> None:
-    assert load_config(None, ["rollout.n=4"]).actor.lr == C.Config().actor.lr
-    assert load_config(None, ["rollout.n=4", "data.filter_overlong_prompts=True"]).actor.lr == 1e-6
+def test_defaults_follow_the_model_not_the_spelling_of_its_key() -> None:
+    assert load_config(None, ["rollout.n=4"]).actor.lr == C.Config().actor.lr  # the tiny model: ours
+    assert load_config(None, ["rollout.n=4", "data.filter_overlong_prompts=True"]).actor.lr == C.Config().actor.lr
+    ours, verls = (load_config(None, [f"{key}=/models/qwen"]) for key in ("model.path", "actor_rollout_ref.model.path"))
+    assert ours == verls
+    a = ours.actor
+    assert (a.lr, a.warmup_steps, ours.rollout.val_n, ours.data.max_response_length) == (1e-6, -1, 1, 512)
+    assert load_config(None, ["model.path=/models/qwen", "actor.lr=3e-6"]).actor.lr == 3e-6  # a key set wins
+
+
+def test_a_ratio_of_warm_up_means_warm_up_by_ratio() -> None:
+    cfg = load_config(None, ["actor.warmup_ratio=0.1"])
+    assert (cfg.actor.warmup_ratio, cfg.actor.warmup_steps) == (0.1, -1)
+
+
+def test_train_needs_a_verl_command_lines_model_and_its_step_counts_to_agree() -> None:
+    from asyncrl.config.load import load_train_config
+
+    with pytest.raises(ConfigError, match="a verl command line without actor_rollout_ref.model.path"):
+        load_train_config(None, ["actor_rollout_ref.rollout.n=4"])
+    assert load_config(None, ["actor_rollout_ref.rollout.n=4"]).rollout.n == 4  # sim and config still load it
+    steps = ["pipeline=fully_async", "actor.ppo_mini_batch_size=8", "async_training.require_batches=2",
+             "rollout.total_rollout_steps=160"]
+    assert load_config(None, [*steps, "trainer.total_training_steps=10"]).rollout.total_rollout_steps == 160
+    with pytest.raises(ConfigError, match=r"rollout.total_rollout_steps=160 \(10 updates of 16 prompts\) and "
+                                          r"trainer.total_training_steps=3 disagree; set only one of them"):
+        load_config(None, [*steps, "trainer.total_training_steps=3"])
+
+
+def test_a_command_line_sized_in_gpus_runs_on_cuda_unless_it_says_otherwise() -> None:
+    assert load_config(None, ["trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.n=4"]).trainer.device == "cuda"
+    assert load_config(None, ["trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.n=4",
+                              "trainer.device=cpu"]).trainer.device == "cpu"
+    assert load_config(None, ["trainer.n_gpus_per_node=0", "actor_rollout_ref.rollout.n=4"]).trainer.device == "cpu"
 
 
 def test_a_verl_yaml_file_is_read_too(tmp_path: Path) -> None:

@@ -170,3 +170,15 @@ def _distance(a: str, b: str) -> int:
         for j, cb in enumerate(b, 1):
             prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
     return row[-1]
+
+
+def settings_line(cfg: Any) -> str:
+    """The start line of the values whose defaults depend on the model (`verl.VERL_DEFAULTS`), as
+    resolved: `settings: model tiny, lr 0.0002, warm-up 5 steps, ...`."""
+    a, r, d = cfg.actor, cfg.rollout, cfg.data
+    warm_up = f"warm-up ratio {a.warmup_ratio:g}" if a.warmup_steps < 0 else f"warm-up {a.warmup_steps} steps"
+    validation = "greedy" if r.val_temperature == 0 else f"sampled at T={r.val_temperature:g}"
+    return (f"settings: model {cfg.model.path} on {cfg.trainer.device}, lr {a.lr:g}, {warm_up}, weight decay "
+            f"{a.weight_decay:g}, prompts up to {d.max_prompt_length} and responses up to {d.max_response_length} "
+            f"tokens, validation {validation} x{r.val_n}, gradient checkpointing "
+            f"{'on' if cfg.model.enable_gradient_checkpointing else 'off'}")

@@ -29,7 +29,36 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     """Read YAML (or defaults), apply `key.sub=value` overrides, and check everything. Keys may
     be ours or verl's (`asyncrl.config.verl`; `entry` is verl's `python -m` module, if known);
     verl keys we do not model are named in one warning."""
-    return config_from_dict(_nest(resolve(path, overrides, entry).values))
+    return _checked(resolve(path, overrides, entry))
+
+
+def load_train_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """`load_config` for what trains (`asyncrl train`, the Python API): a command line in verl's
+    names must name its model, as verl requires, rather than train the built-in toy on its data."""
+    translation = resolve(path, overrides)
+    if translation.uses_verl_names and "model.path" not in translation.values:
+        raise ConfigError("a verl command line without actor_rollout_ref.model.path would train asyncrl's "
+                          "built-in toy model: set the model's path (model.path=tiny means the toy)")
+    return _checked(translation)
+
+
+def _checked(translation: Translation) -> Config:
+    cfg = config_from_dict(_nest(translation.values))
+    check_step_counts(cfg, set(translation.values))
+    return cfg
+
+
+def check_step_counts(cfg: Config, given: set[str]) -> None:
+    """Fully async reads its length from rollout.total_rollout_steps; a total_training_steps also
+    given must agree with it, or one of them would be silently ignored."""
+    if cfg.pipeline != "fully_async" or not {"rollout.total_rollout_steps", "trainer.total_training_steps"} <= given:
+        return
+    per_update = cfg.actor.ppo_mini_batch_size * cfg.async_training.require_batches
+    updates = -(-cfg.rollout.total_rollout_steps // per_update)
+    if updates != cfg.trainer.total_training_steps:
+        raise ConfigError(f"rollout.total_rollout_steps={cfg.rollout.total_rollout_steps} ({updates} updates of "
+                          f"{per_update} prompts) and trainer.total_training_steps={cfg.trainer.total_training_steps} "
+                          f"disagree; set only one of them")
 
 
 def resolve(path: str | Path | None = None, overrides: typing.Sequence[str] = (),
