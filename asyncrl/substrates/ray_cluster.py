@@ -69,7 +69,8 @@ class RaySubstrate:
     def _pools(self, cfg: Config) -> tuple[ResourcePool, ResourcePool]:
         if cfg.pipeline == "colocated":
             n = side_cpus(cfg)[0]
-            pool = ResourcePool("colocated", 1, n, cfg.trainer.n_gpus_per_node)
+            pool = ResourcePool("colocated", 1, n, cfg.trainer.n_gpus_per_node,
+                                keys=("num_threads", "trainer.n_gpus_per_node", "trainer.nnodes"))
             self.pools.append(pool)
             return pool, pool
         r, t = cfg.rollout, cfg.trainer

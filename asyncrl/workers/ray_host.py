@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import time
 import warnings
@@ -35,6 +36,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.errors import ConfigError, WorkerDied
 from asyncrl.workers.handles import HostedWorker
+from asyncrl.workers.placement import PoolRequest, unplaceable
+
+log = logging.getLogger("asyncrl.ray")
+BUSY_NOTICE_S = 2.0
+"""A placement group not ready this soon waits for busy nodes: said once, then waited for."""
 
 MAX_CONCURRENCY = 1000
 """Calls one actor may have in flight (its async generate calls, mostly)."""
@@ -220,10 +226,15 @@ class ResourcePool:
     """
 
     def __init__(self, name: str, nnodes: int, cpus_per_node: float, gpus_per_node: int = 0,
-                 *, timeout_s: float = 120.0) -> None:
+                 *, timeout_s: float = 120.0, keys: tuple[str, str, str] | None = None) -> None:
+        """`keys`: the config keys asking for the CPUs, the GPUs and the nodes (default `name.num_cpus`, ...)."""
         if nnodes < 1 or cpus_per_node <= 0 or gpus_per_node < 0:
             raise ConfigError(f"resource pool {name!r}: nnodes and cpus per node must be >= 1")
         self.name = name
+        cpus_key, gpus_key, nodes_key = keys or (f"{name}.num_cpus", f"{name}.n_gpus_per_node", f"{name}.nnodes")
+        request = PoolRequest(name, nnodes, cpus_per_node, gpus_per_node, cpus_key, gpus_key, nodes_key)
+        if problem := unplaceable(request, [n["Resources"] for n in ray.nodes() if n.get("Alive")]):
+            raise ConfigError(problem)
         bundle: dict[str, float] = {"CPU": cpus_per_node}
         if gpus_per_node:
             bundle["GPU"] = gpus_per_node
@@ -232,12 +243,17 @@ class ResourcePool:
                                   name=name)
         self._free = [dict(bundle) for _ in range(nnodes)]
         try:
-            ray.get(self.pg.ready(), timeout=timeout_s)
+            ready, _ = ray.wait([self.pg.ready()], timeout=min(BUSY_NOTICE_S, timeout_s))
+            if not ready:  # it fits the cluster (checked above): other work holds the nodes
+                log.warning(f"waiting up to {timeout_s:.0f} s for the Ray cluster to free {nnodes} x {bundle} "
+                            f"for the {name} pool (other work holds it)")
+                ray.get(self.pg.ready(), timeout=timeout_s - BUSY_NOTICE_S)
         except ray.exceptions.GetTimeoutError as err:
             remove_placement_group(self.pg)
             raise ConfigError(
-                f"resource pool {name!r}: the cluster cannot host {nnodes} node(s) × {bundle} "
-                f"({strategy}) within {timeout_s:.0f}s; lower {name}.nnodes / n_gpus_per_node"
+                f"resource pool {name!r}: {nnodes} node(s) × {bundle} ({strategy}) fit the cluster but were not free "
+                f"within {timeout_s:.0f}s (other work, or another pool of this run, holds them); free them, or "
+                f"lower {cpus_key} / {gpus_key} / {nodes_key}"
             ) from err
 
     def allocate(self, num_cpus: float, num_gpus: float = 0) -> Placement:

@@ -149,6 +149,12 @@ def test_resource_pool_places_workers(ray_cluster) -> None:
         ResourcePool("bad", nnodes=0, cpus_per_node=1)
 
 
+def test_a_pool_no_node_can_host_is_refused_before_asking_ray(ray_cluster) -> None:
+    # refused from the cluster's node sizes, not after Ray's placement timeout (whose message differs)
+    with pytest.raises(ConfigError, match=r"^rollout.num_cpus=10000 asks one node of the Ray cluster for 10000 CPUs"):
+        ResourcePool("rollout", nnodes=1, cpus_per_node=10000)
+
+
 def _session_pids() -> set[int]:
     node = ray._private.worker._global_node
     roots = [info.process.pid for infos in node.all_processes.values() for info in infos]
