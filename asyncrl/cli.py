@@ -115,13 +115,13 @@ def evaluate(args: list[str]) -> int:
     ns, rest = parser.parse_known_args(args)
     path, overrides = _split_args(rest)
     cfg = load_config(path, overrides)
-    from asyncrl.eval import check_eval, run_eval, table, write_report
+    from asyncrl.eval import check_eval, generations_path, run_eval, table, write_report
 
     check_eval(cfg)
-    report = run_eval(cfg)
+    report = run_eval(cfg, generations_path(cfg, ns.out))
     print(table(report))
     write_report(report, ns.out)
-    logger.info(f"wrote {ns.out}")
+    logger.info(f"wrote {ns.out}" + (f" and {report.generations}" if report.generations else ""))
     return 0
 
 

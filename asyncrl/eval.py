@@ -10,7 +10,10 @@ them. It reports the metrics a run's validation logs, computed by the same funct
 `best@{m}/mean`, `pass@{m}`, ... under verl's names, and over all sources `val/score/mean`,
 `val/pass@{n}` and `val/response_length/mean`.
 
-It trains nothing and writes only the report (`write_report`); the model is not changed.
+It trains nothing and writes only the report (`write_report`) and, unless
+`trainer.log_val_generations=0`, the responses as text (`generations_path`: generations.jsonl in
+`trainer.validation_data_dir`, else `<report>_generations.jsonl` beside the report; the lines
+of a run's validation, `telemetry.generations`, at step 0); the model is not changed.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 from asyncrl.config.schema import Config
 from asyncrl.fsutil import atomic_write_text
+from asyncrl.telemetry.generations import GENERATIONS_FILE, pick, records, write_generations
 from asyncrl.telemetry.val_metrics import validation_metrics
 from asyncrl.types import Group, PromptRow
 
@@ -42,6 +46,8 @@ class EvalReport:
     """Responses per prompt (rollout.val_n)."""
     prompts: int
     seconds: float
+    generations: str = ""
+    """The file holding the responses as text ('' when trainer.log_val_generations=0)."""
 
 
 def check_eval(cfg: Config) -> None:
@@ -53,8 +59,9 @@ def check_eval(cfg: Config) -> None:
     check_rewards(cfg.reward, check_data_files(dataclasses.replace(cfg.data, train_files=())))
 
 
-def run_eval(cfg: Config) -> EvalReport:
-    """Generate rollout.val_n responses per held-out prompt with a run's engine and rewards."""
+def run_eval(cfg: Config, generations: Path | None = None) -> EvalReport:
+    """Generate rollout.val_n responses per held-out prompt with a run's engine and rewards;
+    `trainer.log_val_generations` of them as text to `generations` if given."""
     from asyncrl.data.held_out import val_rows
     from asyncrl.models import load_model
     from asyncrl.workers.factory import build_rollout_server
@@ -65,15 +72,31 @@ def run_eval(cfg: Config) -> EvalReport:
     rows, data = val_rows(cfg.data, cfg.seed, tok, logger.warning)
     server = build_rollout_server(cfg, 0, model, tok)
     try:
-        metrics = asyncio.run(evaluate(server, rows, cfg.rollout.val_n))
+        metrics, groups = asyncio.run(evaluate(server, rows, cfg.rollout.val_n))
     finally:
         close_worker(server)
+    if generations is not None:
+        picked = pick(groups, cfg.trainer.log_val_generations, f"{cfg.seed}/val/0")
+        write_generations(generations, records(picked, 0, "val",
+                                               lambda ids: str(tok.decode(list(ids), skip_special_tokens=True))))
     return EvalReport(metrics, cfg.model.path, data, cfg.rollout.val_n, len(rows),
-                      time.perf_counter() - start)
+                      time.perf_counter() - start, str(generations or ""))
 
 
-async def evaluate(server: Any, rows: Sequence[PromptRow], n: int) -> dict[str, float]:
-    """n scored responses per row from `server` (a rollout side), and their validation metrics."""
+def generations_path(cfg: Config, report: Path) -> Path | None:
+    """Where `asyncrl eval` writes the responses: trainer.validation_data_dir/generations.jsonl,
+    else beside the report (eval.json -> eval_generations.jsonl); None when
+    trainer.log_val_generations=0."""
+    if cfg.trainer.log_val_generations == 0:
+        return None
+    if cfg.trainer.validation_data_dir:
+        return Path(cfg.trainer.validation_data_dir) / GENERATIONS_FILE
+    return report.with_name(f"{report.stem}_generations.jsonl")
+
+
+async def evaluate(server: Any, rows: Sequence[PromptRow], n: int) -> tuple[dict[str, float], list[Group]]:
+    """n scored responses per row from `server` (a rollout side): their validation metrics, and
+    the groups."""
     from asyncrl.telemetry.loggers import progress_bar
 
     bar = progress_bar(len(rows), "eval")
@@ -84,9 +107,10 @@ async def evaluate(server: Any, rows: Sequence[PromptRow], n: int) -> dict[str, 
         return group
 
     try:
-        return validation_metrics(await asyncio.gather(*(one(r) for r in rows)))
+        groups = list(await asyncio.gather(*(one(r) for r in rows)))
     finally:
         bar.close()
+    return validation_metrics(groups), groups
 
 
 def table(report: EvalReport) -> str:

@@ -1,6 +1,6 @@
 """`asyncrl eval`: the same metrics as a run's validation (the metrics themselves:
 tests/telemetry/test_val_metrics.py), and the command end to end on the tiny model and a small
-JSONL file."""
+JSONL file, with its responses as text beside the report (or none with log_val_generations=0)."""
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ def test_training_validation_and_eval_report_the_same_numbers() -> None:
     groups = [group("a", "gsm8k", [0, 1]), group("b", "gsm8k", [1, 1]), group("c", "math", [0, 0.5])]
     rows = [g.row for g in groups]
     ctx = SimpleNamespace(val_rows=rows, cfg=load_config(None, ["rollout.val_n=2"]), rollout=ScriptedRollout(groups),
-                          trace=Trace())
+                          trace=Trace(), tokenizer=None)
     training = asyncio.run(run_validation(ctx, step=3))
-    evaluated = asyncio.run(evaluate(ScriptedRollout(groups), rows, 2))
+    evaluated, _ = asyncio.run(evaluate(ScriptedRollout(groups), rows, 2))
     assert {k: v for k, v in training.items() if not k.startswith("timing_s/")} == evaluated
     assert evaluated["val-core/gsm8k/reward/best@2/mean"] == pytest.approx((0.75 + 1) / 2, rel=1e-12, abs=1e-12)
     assert evaluated["val-core/math/reward/best@2/mean"] == pytest.approx(0.5 * 0.75, rel=1e-12, abs=1e-12)
@@ -71,15 +71,20 @@ def test_asyncrl_eval_on_a_jsonl_file(tiny_cache: Path, tmp_path: Path, capsys: 
     assert m["val-aux/arithmetic/reward/pass@1"] <= m["val-aux/arithmetic/reward/pass@2"] <= m[f"{core}/pass@4"]
     table = capsys.readouterr().out
     assert table.splitlines()[1].startswith(f"{core}/") and f"{m[f'{core}/mean@4']:.4f}" in table
+    lines = [json.loads(x) for x in (tmp_path / "report_generations.jsonl").read_text().splitlines()]
+    assert report["generations"] == str(tmp_path / "report_generations.jsonl") and len(lines) == 5 * 4  # all (-1)
+    assert {(r["split"], r["step"]) for r in lines} == {("val", 0)} and all(r["prompt"].strip() for r in lines)
+    assert sum(r["reward"] for r in lines) / 20 == pytest.approx(m[f"{core}/mean@4"], rel=1e-12, abs=1e-12)
 
 
 @pytest.mark.slow
 def test_asyncrl_eval_on_the_built_in_test_split(tiny_cache: Path, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     assert cli.main(["--log-level", "WARNING", "eval", "data.val_size=3", "rollout.val_n=2",
-                     "data.max_response_length=8", f"--out={out}"]) == 0
+                     "data.max_response_length=8", "trainer.log_val_generations=0", f"--out={out}"]) == 0
     report = json.loads(out.read_text())
     assert report["prompts"] == 3 and report["data"] == ["data.task=arithmetic (test split)"]
+    assert report["generations"] == "" and not (tmp_path / "report_generations.jsonl").exists()  # 0 = off
     assert "val-core/arithmetic/reward/mean@2" in report["metrics"]
 
 

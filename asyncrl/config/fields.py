@@ -18,6 +18,7 @@ RULES: dict[str, Callable[[float], bool]] = {
     "> 1": lambda v: v > 1,
     "to -1 (off) or > 0": lambda v: v == -1 or v > 0,
     "to -1 (off) or >= 0": lambda v: v == -1 or v >= 0,
+    "to -1 (all) or >= 0": lambda v: v == -1 or v >= 0,
     "in (0, 1]": lambda v: 0 < v <= 1,
     "in [0, 1]": lambda v: 0 <= v <= 1,
     "in [0, 1)": lambda v: 0 <= v < 1,

@@ -283,6 +283,14 @@ class TrainerConfig:
     """W&B run name."""
     val_before_train: bool = True
     """Validate once before the first step."""
+    log_generations: int = knob(16, ">= 0")
+    """Trained responses per step written to generations.jsonl, whole groups in a seeded sample (0 = off)."""
+    log_val_generations: int = knob(-1, "to -1 (all) or >= 0")
+    """Validation responses per validation written to generations.jsonl (-1 = all, 0 = off)."""
+    rollout_data_dir: str = ""
+    """Directory of the training generations.jsonl ('' = output_dir)."""
+    validation_data_dir: str = ""
+    """Directory of the validation generations.jsonl ('' = output_dir; asyncrl eval: beside its --out)."""
     nnodes: int = knob(1, ">= 1")
     """Nodes given to training in decoupled pipelines."""
     n_gpus_per_node: int = knob(0, ">= 0")
@@ -330,7 +338,7 @@ class SimConfig:
     accuracy: float = knob(0.5, "in [0, 1]")
     """Probability a response scores 1 (drives dynamic sampling; the simulator models no learning)."""
     trace_max_events: int = knob(100000, ">= 0")
-    """Spans kept in the simulated trace.json (later ones are counted, not kept)."""
+    """Events in the simulated trace.json: all phase spans, per-sample spans sampled over the run to fit."""
     gpu_memory_utilization: float = 0.0
     """Share of each modelled GPU for weights + KV cache (vLLM's knob); 0 = the profile's value."""
     fsdp_size: int = -1

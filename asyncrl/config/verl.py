@@ -173,6 +173,9 @@ TABLE: dict[str, To] = {
     "trainer.resume_mode": to("trainer.resume_mode"),
     "trainer.resume_from_path": to("@resume_from_path"),
     "trainer.critic_warmup": always(0),
+    "trainer.log_val_generations": to("trainer.log_val_generations"),
+    "trainer.rollout_data_dir": to("trainer.rollout_data_dir", convert=lambda v: v or ""),  # null: the run dir
+    "trainer.validation_data_dir": to("trainer.validation_data_dir", convert=lambda v: v or ""),
     "custom_reward_function.path": to("@reward_path"),
     "custom_reward_function.name": to("@reward_name"),
     "reward_model.reward_manager": always("naive"),
@@ -248,7 +251,7 @@ critic.checkpoint
 critic.profiler
 reward_model
 reward_manager
-trainer: balance_batch total_epochs log_val_generations rollout_data_dir validation_data_dir esi_redundant_time
+trainer: balance_batch total_epochs esi_redundant_time
 trainer: val_only default_hdfs_dir del_local_ckpt_after_load max_critic_ckpt_to_keep use_legacy_worker_impl
 trainer: ray_wait_register_center_timeout
 rollout: total_epochs

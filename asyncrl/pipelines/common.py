@@ -1,7 +1,7 @@
 """What every pipeline does around its loop: resume, train and record an update, validate and
-checkpoint on schedule, log a step, and stop cleanly (`guarded`: a checkpoint on a stop signal
-or a failure outside the trainer, then the trace, sinks and workers closed). The loops
-themselves live one per file next to this module.
+checkpoint on schedule, log a step (with what the model generated: `log_generations`), and stop
+cleanly (`guarded`: a checkpoint on a stop signal or a failure outside the trainer, then the
+trace, sinks and workers closed). The loops themselves live one per file next to this module.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from asyncrl.pipelines.checkpoint import load_checkpoint, save_checkpoint, snaps
 from asyncrl.pipelines.context import RunContext
 from asyncrl.pipelines.setup import open_tracker
 from asyncrl.pipelines.stopping import Stopped
+from asyncrl.telemetry.generations import Split, pick, records
 from asyncrl.telemetry.metrics import group_metrics, timer
 from asyncrl.telemetry.perf import run_devices, step_perf
 from asyncrl.telemetry.val_metrics import validation_metrics
@@ -70,7 +71,22 @@ async def run_validation(ctx: RunContext, step: int) -> dict[str, float]:
                                         for r in ctx.val_rows))
     for g in groups:
         ctx.trace.add_group(g, "rollout", validation=True)
+    log_generations(ctx, "val", step, groups)
     return metrics | validation_metrics(groups)
+
+
+def log_generations(ctx: RunContext, split: Split, step: int, groups: Sequence[Group]) -> None:
+    """`trainer.log_generations` (training) or `log_val_generations` (validation) of these groups'
+    responses as text, picked and laid out by `telemetry.generations`, to generations.jsonl and
+    the text sinks. Nothing without a tokenizer (the simulator's tokens are not text)."""
+    k = ctx.cfg.trainer.log_generations if split == "train" else ctx.cfg.trainer.log_val_generations
+    tok = ctx.tokenizer
+    if tok is None or k == 0:
+        return
+    assert ctx.tracker is not None, "call start() before logging"
+    picked = pick(groups, k, f"{ctx.cfg.seed}/{split}/{step}")
+    text = records(picked, step, split, lambda ids: str(tok.decode(list(ids), skip_special_tokens=True)))
+    ctx.tracker.log_generations(split, text, step)
 
 
 async def train(ctx: RunContext, groups: Sequence[Group], step: int, consumed: Sequence[PromptRow] = (),
@@ -133,6 +149,7 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
         metrics |= group_metrics(groups, ctx.cfg.data.max_response_length)
         for g in groups:
             ctx.trace.add_group(g, "rollout", step=step)
+        log_generations(ctx, "train", step, groups)
     metrics |= await ctx.rollout.stats()
     metrics["training/responses"] = sum(len(g.trajectories) for g in groups)
     metrics["training/global_step"] = step

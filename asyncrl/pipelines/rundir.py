@@ -30,7 +30,8 @@ RESUMABLE_KEYS = frozenset({
     "trainer.total_training_steps", "rollout.total_rollout_steps", "trainer.test_freq", "rollout.test_freq",
     "trainer.save_freq", "trainer.max_ckpt_to_keep", "trainer.logger", "trainer.resume_mode",
     "trainer.output_dir", "trainer.allow_config_change", "trainer.stop_timeout_s",
-    "trainer.val_before_train", "num_threads"})
+    "trainer.val_before_train", "trainer.log_generations", "trainer.log_val_generations",
+    "trainer.rollout_data_dir", "trainer.validation_data_dir", "num_threads"})
 """Keys a resumed run may change without `trainer.allow_config_change`."""
 RUNS_ROOT = Path("outputs")
 """Where run directories are made when trainer.output_dir is empty."""

@@ -28,6 +28,7 @@ from asyncrl.pipelines.stopping import StopControl
 from asyncrl.scheduling.micro_budget import ModelShape, TrainerDevice
 from asyncrl.scheduling.plan import plan_run
 from asyncrl.sync import ParameterSynchronizer
+from asyncrl.telemetry.generations import GENERATIONS_FILE
 from asyncrl.telemetry.loggers import Tracker, make_tracker
 from asyncrl.telemetry.trace import Trace
 
@@ -89,4 +90,14 @@ def open_tracker(ctx: RunContext, initial_step: int) -> Tracker:
     return make_tracker(t.logger, ctx.output_dir, total_steps=ctx.plan.updates,
                         initial_step=initial_step, project=t.project_name,
                         experiment=t.experiment_name, config=config_to_dict(ctx.cfg), log=ctx.log,
-                        trace=ctx.trace)
+                        trace=ctx.trace, generations=generations_paths(ctx))
+
+
+def generations_paths(ctx: RunContext) -> dict[str, Path]:
+    """Where each split's generations go (`trainer.rollout_data_dir`, `validation_data_dir`, else
+    the run directory), for the splits logged; none in the simulator (no tokenizer, no text)."""
+    t = ctx.cfg.trainer
+    if ctx.tokenizer is None:
+        return {}
+    dirs = {"train": (t.log_generations, t.rollout_data_dir), "val": (t.log_val_generations, t.validation_data_dir)}
+    return {split: Path(where or ctx.output_dir) / GENERATIONS_FILE for split, (k, where) in dirs.items() if k}

@@ -2,19 +2,23 @@
 
 `make_tracker(names, output_dir, ...)` returns one object whose `log(metrics, step)` fans out
 to every configured sink (and to the run's trace: its phase spans and counter tracks, see
-`Trace.log_step`). The console sink is a tqdm bar with an ETA on stderr when stderr is a
-terminal; otherwise, and never above INFO, it logs a line now and then to the "asyncrl.progress"
-logger, so `asyncrl --log-level WARNING` silences it. Keys are flat with slashes (verl's names). W&B, MLflow and
-SwanLab are optional extras, imported only when asked for (W&B honours WANDB_MODE=offline); `missing_logger_package`
-lets preflight name the extra to install before anything is created.
+`Trace.log_step`), and whose `log_generations(split, records, step)` writes what the model
+generated (`telemetry.generations`) to generations.jsonl (`GenerationsLog`) and, where those
+sinks are on, as a TensorBoard text table and a W&B table. The console sink is a tqdm bar with
+an ETA on stderr when stderr is a terminal; otherwise, and never above INFO, it logs a line now
+and then to the "asyncrl.progress" logger, so `asyncrl --log-level WARNING` silences it. Keys
+are flat with slashes (verl's names). W&B, MLflow and SwanLab are optional extras, imported
+only when asked for (W&B honours WANDB_MODE=offline); `missing_logger_package` lets preflight
+name the extra to install before anything is created.
 
 A run resumed from the checkpoint of step K (`initial_step=K > 0`) continues the same records:
-metrics.jsonl drops its lines past step K, TensorBoard hides events past step K (`purge_step`),
-and W&B reopens the run whose id the first run stored in `wandb_run_id.txt`. What an interrupted
-run logged after its last checkpoint is thus replaced by what the resumed run logs again, except
-in W&B, which keeps a run's history append-only (it ignores steps at or below its last one, with
-a warning). A fresh run (`initial_step=0`) in a used directory appends to metrics.jsonl and
-TensorBoard and starts a new W&B run.
+metrics.jsonl and generations.jsonl drop their lines past step K, TensorBoard hides events past
+step K (`purge_step`), and W&B reopens the run whose id the first run stored in
+`wandb_run_id.txt`. What an interrupted run logged after its last checkpoint is thus replaced
+by what the resumed run logs again, except in W&B, which keeps a run's history append-only (it
+ignores steps at or below its last one, with a warning). A fresh run (`initial_step=0`) in a
+used directory appends to metrics.jsonl, generations.jsonl and TensorBoard and starts a new
+W&B run.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from asyncrl.fsutil import atomic_write_text
+from asyncrl.telemetry.generations import markdown_table, table_rows
 from asyncrl.telemetry.trace import Trace
 
 progress_logger = logging.getLogger("asyncrl.progress")
@@ -40,6 +45,13 @@ CONSOLE_KEYS = ("critic/score/mean", "val/score/mean", "response_length/mean", "
 
 class Sink(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class TextSink(Protocol):
+    """A sink that also shows generations (`telemetry.generations.records`)."""
+
+    def log_text(self, split: str, records: Sequence[Mapping[str, Any]], step: int) -> None: ...
     def close(self) -> None: ...
 
 
@@ -79,6 +91,11 @@ class TensorBoardSink:
             self.writer.add_scalar(k, v, step)
         self.writer.flush()
 
+    def log_text(self, split: str, records: Sequence[Mapping[str, Any]], step: int) -> None:
+        """The first records as a Markdown table in the text tab (`generations/train`, `generations/val`)."""
+        self.writer.add_text(f"generations/{split}", markdown_table(records), step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -101,8 +118,40 @@ class WandbSink:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
+    def log_text(self, split: str, records: Sequence[Mapping[str, Any]], step: int) -> None:
+        """The first records as a `wandb.Table` under `generations/{split}` at this step."""
+        import wandb
+
+        columns, rows = table_rows(records)
+        self.run.log({f"generations/{split}": wandb.Table(columns=columns, data=rows)}, step=step)
+
     def close(self) -> None:
         self.run.finish()
+
+
+class GenerationsLog:
+    """generations.jsonl, one file per split's path (one file when both are the same); resuming at
+    `resume_step` > 0 first rolls each back to the lines of steps <= resume_step."""
+
+    def __init__(self, paths: Mapping[str, Path], resume_step: int = 0, log: Callable[[str], None] = print) -> None:
+        self.paths = dict(paths)
+        self.files: dict[Path, Any] = {}
+        for path in dict.fromkeys(self.paths.values()):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if resume_step > 0 and path.exists():
+                rollback_jsonl(path, resume_step, log)
+            self.files[path] = path.open("a")
+
+    def log_text(self, split: str, records: Sequence[Mapping[str, Any]], step: int) -> None:
+        path = self.paths.get(split)
+        if path is None:
+            return
+        self.files[path].write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        self.files[path].flush()
+
+    def close(self) -> None:
+        for file in self.files.values():
+            file.close()
 
 
 class MlflowSink:
@@ -233,38 +282,57 @@ class TraceSink:
 
 
 class Tracker:
-    def __init__(self, sinks: Sequence[Sink]) -> None:
+    """`sinks` get the metrics, `text_sinks` the generations; a sink in both is closed once."""
+
+    def __init__(self, sinks: Sequence[Sink], text_sinks: Sequence[TextSink] = ()) -> None:
         self.sinks = list(sinks)
+        self.text_sinks = list(text_sinks)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for sink in self.sinks:
             sink.log(metrics, step)
 
+    def log_generations(self, split: str, records: Sequence[Mapping[str, Any]], step: int) -> None:
+        if not records:
+            return
+        for sink in self.text_sinks:
+            sink.log_text(split, records, step)
+
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+        for text_sink in self.text_sinks:
+            if not any(text_sink is sink for sink in self.sinks):
+                text_sink.close()
 
 
 def make_tracker(names: Sequence[str], output_dir: Path, *, total_steps: int, initial_step: int,
                  project: str, experiment: str, config: dict[str, Any],
-                 log: Callable[[str], None] = print, trace: Trace | None = None) -> Tracker:
-    """`initial_step`: the checkpoint step a run resumes from (0: a fresh run)."""
+                 log: Callable[[str], None] = print, trace: Trace | None = None,
+                 generations: Mapping[str, Path] | None = None) -> Tracker:
+    """`initial_step`: the checkpoint step a run resumes from (0: a fresh run); `generations`:
+    the generations.jsonl path of each split logged ("train", "val"), none: no file."""
     resume = initial_step > 0
     sinks: list[Sink] = [TraceSink(trace)] if trace is not None else []
+    text_sinks: list[TextSink] = [GenerationsLog(generations, initial_step, log)] if generations else []
     for name in names:
         if name == "console":
             sinks.append(ConsoleSink(total_steps, initial_step))
         elif name == "jsonl":
             sinks.append(JsonlSink(output_dir / "metrics.jsonl", initial_step, log))
         elif name == "tensorboard":
-            sinks.append(TensorBoardSink(output_dir / "tensorboard", initial_step + 1 if resume else None))
+            board = TensorBoardSink(output_dir / "tensorboard", initial_step + 1 if resume else None)
+            sinks.append(board)
+            text_sinks.append(board)
         elif name == "wandb":
-            sinks.append(WandbSink(project, experiment, config, output_dir, resume))
+            wandb_run = WandbSink(project, experiment, config, output_dir, resume)
+            sinks.append(wandb_run)
+            text_sinks.append(wandb_run)
         elif name == "mlflow":
             sinks.append(MlflowSink(project, experiment, config, output_dir))
         elif name == "swanlab":
             sinks.append(SwanLabSink(project, experiment, config, output_dir))
-    return Tracker(sinks)
+    return Tracker(sinks, text_sinks)
 
 
 def rollback_jsonl(path: Path, last_step: int, log: Callable[[str], None] = print) -> None:

@@ -157,15 +157,15 @@ class Trace:
         for t in group.trajectories:
             engine = t.timings.get("engine")
             where = f"{worker}{int(engine)}" if engine is not None else worker
-            gen = self._sample_span(number, t, "gen", "val" if validation else "gen", f"{where}/gen")
+            gen = self._gen_span(number, t, "val" if validation else "gen", f"{where}/gen")
             if gen is not None and update is not None:
                 self._flows.append((number, gen, update))
             start, end = t.timings.get("reward_start"), t.timings.get("reward_end")
             if start is not None and end is not None:
                 self._reward(number, f"{where}/reward", start, end, t.request_id)
 
-    def _sample_span(self, number: int, t: Trajectory, phase: str, name: str, worker: str) -> dict[str, Any] | None:
-        start, end = t.timings.get(f"{phase}_start"), t.timings.get(f"{phase}_end")
+    def _gen_span(self, number: int, t: Trajectory, name: str, worker: str) -> dict[str, Any] | None:
+        start, end = t.timings.get("gen_start"), t.timings.get("gen_end")
         if start is None or end is None:
             return None
         event = _event(name, worker, start - self.origin, end - start,

@@ -1,5 +1,5 @@
 """The colocated pipeline end to end with the built-in tiny model: it learns, it resumes
-exactly, and its outputs (metrics, checkpoint, trace) are usable."""
+exactly, and its outputs (metrics, checkpoint, trace, generations) are usable."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.pipelines.helpers import run_pipeline, val_scores
+from tests.pipelines.helpers import read_jsonl, run_pipeline, val_scores
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +34,8 @@ def test_resume_continues_identically(tiny_cache, tmp_path):
               "data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4"]
     full = run_pipeline(tmp_path / "full", "trainer.total_training_steps=4", *common)
     run_pipeline(tmp_path / "split", "trainer.total_training_steps=2", *common)
+    with (tmp_path / "split" / "generations.jsonl").open("a") as f:  # as if logged after the checkpoint
+        f.write(json.dumps({"step": 3, "split": "train", "response": "lost"}) + "\n")
     resumed = run_pipeline(tmp_path / "split", "trainer.total_training_steps=4", *common)
     keys = ("critic/score/mean", "actor/pg_loss", "response_length/mean", "actor/grad_norm")
     by_step = {r["step"]: r for r in full}
@@ -41,6 +43,22 @@ def test_resume_continues_identically(tiny_cache, tmp_path):
     for row in resumed[2:]:
         for k in keys:
             assert row[k] == pytest.approx(by_step[row["step"]][k], rel=1e-4, abs=1e-6), (row["step"], k)
+    assert_generations_resume(read_jsonl(tmp_path / "full" / "generations.jsonl"),
+                              read_jsonl(tmp_path / "split" / "generations.jsonl"))
+
+
+def assert_generations_resume(full: list[dict], split: list[dict]) -> None:
+    """generations.jsonl: 16 trained responses a step (4 whole groups of 4), the prompt as text,
+    the arithmetic reward (0 or 1, no parts); the resumed run's training lines are the
+    uninterrupted run's (the line written after the checkpoint is gone); validation at the end
+    (and at step 2 in the split run)."""
+    train = [r for r in full if r["split"] == "train"]
+    assert [r["step"] for r in train] == [s for s in (1, 2, 3, 4) for _ in range(16)]
+    assert all(r["prompt"].strip() and isinstance(r["response"], str) and r["reward"] in (0.0, 1.0)
+               and r["reward_parts"] == {} and r["start_version"] == r["end_version"] == r["step"] - 1 for r in train)
+    assert len({r["group"] for r in train}) == 16 and {r["data_source"] for r in full} == {"arithmetic"}
+    assert [r for r in split if r["split"] == "train"] == train
+    assert {(r["split"], r["step"]) for r in split} - {(r["split"], r["step"]) for r in full} == {("val", 2)}
 
 
 def test_interrupt_saves_a_checkpoint(tiny_cache, tmp_path):
