@@ -47,7 +47,7 @@ step() {  # name, seconds, command...: a step's failure is recorded, the next st
   [ "$rc" = 0 ] || status=1
 }
 trainer_stage() {  # issue 23; every step capped so that the stage ends within 8 minutes of the script's start
-  local deadline=470 tiny="${TINY:-0}" bench=(--device cuda --time-budget-s 70)
+  local deadline=470 tiny="${TINY:-0}" bench=(--device cuda --time-budget-s 110)
   local pipes=(--gpu --steps 4 --prompts 32 --n 8 --max-len 1024 --timeout-s 70) workers=4
   if [ "$tiny" = 1 ]; then
     bench=(--device cpu --rows 8 --steps 1 --time-budget-s 20) workers=0
@@ -64,7 +64,7 @@ try:
 except ImportError as e:
     print('torch', torch.__version__, 'has no varlen_attn:', e)" 2>&1 | tee -a "$out/gpu.txt"
   step gpu_tests "$(capped 100)" python3 -m pytest -q -p no:cacheprovider -n "$workers" tests/gpu
-  step trainer "$(capped 90)" python3 bench/trainer_throughput.py "${bench[@]}" --out "$out/trainer_throughput.jsonl"
+  step trainer "$(capped 130)" python3 bench/trainer_throughput.py "${bench[@]}" --out "$out/trainer_throughput.jsonl"
   # the new path first (the target: auto attention, the device budget), then today's (grouped attention, 8192
   # tokens): every configuration a fresh run, written as it finishes
   step pipelines "$(capped 300)" bash -c "python3 bench/pipelines.py ${pipes[*]} --only colocated,one_step_off \

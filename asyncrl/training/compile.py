@@ -27,7 +27,7 @@ it is inside the step's `timing_s/*` too, so the step's own time is the differen
 `perf/recompiles` (frames compiled after the first report: new guards, e.g. a mode or shape not
 seen yet). Both are the process's totals (any compiled model in it), from torch's own counters.
 
-Not here: whether a run compiles (`scheduling.plan.RunPlan.torch_compile`: `auto` resolves per
+Not here: whether a run compiles (`scheduling.plan.RunPlan.torch_compile`: the key unset resolves per
 device), compiling the engine's decode step (CUDA graphs do that), or the attention kernels.
 """
 
