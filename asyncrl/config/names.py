@@ -50,6 +50,8 @@ DecodeAttention = Literal["auto", "matmul", "triton"]
 """`rollout.decode_attention=`: the engine's decode attention (`asyncrl.rollout.attention.resolve`)."""
 FusedDecode = Literal["auto", "on", "off"]
 """`rollout.fused_decode=`: `asyncrl.rollout.kernels.use_fused_decode` resolves it."""
+PackedPrefill = Literal["auto", "off"]
+"""`rollout.packed_prefill=`: auto = `asyncrl.rollout.prefill.prefill_path` picks; off = padded."""
 
 
 def choices(literal: Any) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from asyncrl.config.names import (
     OffPolicyCorrection,
     OldLogProbs,
     PackedAttention,
+    PackedPrefill,
     Pipeline,
     PolicyLossName,
     Task,
@@ -113,6 +114,8 @@ class RolloutConfig:
     """CUDA: decode replayed from CUDA graphs, one per (batch bucket, attention length), over a static KV cache."""
     fused_decode: FusedDecode = "auto"
     """Decode step with merged projections and fused Triton norm/rotary/SiLU kernels (auto: on CUDA; off on CPU)."""
+    packed_prefill: PackedPrefill = "auto"
+    """Prefill the admitted prompts packed, unpadded (auto: varlen attention on CUDA bf16/fp16); off: padded."""
     admit_min_free_slots: int = knob(0, ">= 0", hint="0 picks it from the device")
     """Admit when min(this, waiting requests) slots are free or none runs (0: 1 on CPU, max_num_seqs/8 on CUDA)."""
     engine: Engine = "torch"

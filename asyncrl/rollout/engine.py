@@ -89,7 +89,7 @@ class TorchEngine:
                 seed=settings.seed, forward=settings.forward, static_decode=settings.decode_graphs,
                 max_model_len=settings.model_len, gpu_memory_utilization=settings.gpu_memory_utilization,
                 max_prefill_tokens=settings.max_prefill_tokens,
-                fused_decode=settings.fused_decode,
+                fused_decode=settings.fused_decode, packed_prefill=settings.packed_prefill,
             )
         self._vocab_size = self._runner.forward.vocab_size
         self._log_limits(model, settings.max_num_seqs)

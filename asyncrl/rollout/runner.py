@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from asyncrl.config.names import FusedDecode
+from asyncrl.config.names import FusedDecode, PackedPrefill
 from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
 from asyncrl.rollout.forward import BatchedForward
@@ -52,6 +52,7 @@ class StepRunner:
         gpu_memory_utilization: float = 0.5,
         max_prefill_tokens: int = 4096,
         fused_decode: FusedDecode = "auto",
+        packed_prefill: PackedPrefill = "auto",
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -78,7 +79,8 @@ class StepRunner:
         self.prefill_graphs: BucketedPrefill | None = None
         if isinstance(self.forward, BatchedForward):
             assert isinstance(self.cache, SlotKVCache)
-            self.prefill_path = prefill_path(self.device, self.cache.dtype)
+            self.prefill_path = prefill_path(self.device, self.cache.dtype) if packed_prefill == "auto" \
+                else "padded"
             if self.graphs is not None and self.prefill_path == "varlen":
                 self.prefill_graphs = BucketedPrefill(self.forward, self.cache, self.max_num_seqs, max_prefill_tokens,
                                                       path="varlen", capture=self.device.type == "cuda")

@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 
-from asyncrl.config.names import FusedDecode
+from asyncrl.config.names import FusedDecode, PackedPrefill
 from asyncrl.errors import ConfigError
 
 ForwardChoice = Literal["auto", "generic"]
@@ -49,6 +49,8 @@ class EngineSettings:
     """Torch threads of the engine's own step thread when it is given none; None: torch's count."""
     fused_decode: FusedDecode = "auto"
     """Fused decode step (rollout.fused_decode; `asyncrl.rollout.kernels.use_fused_decode`)."""
+    packed_prefill: PackedPrefill = "auto"
+    """Packed prefill (rollout.packed_prefill; `asyncrl.rollout.prefill.prefill_path`); "off": padded."""
     admit_min_free_slots: int = 0
     """Admit when min(this, waiting requests) slots are free or nothing runs; 0: `admit_free_slots`
     picks it (rollout.admit_min_free_slots)."""

@@ -11,11 +11,13 @@ from typing import Any, cast
 import pytest
 import torch
 
+from asyncrl.config.schema import RolloutConfig
 from asyncrl.rollout import run_sync
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.graphs import BucketedPrefill, prefill_token_buckets
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, causal_attention, pack_prompts, prefill_path
+from asyncrl.rollout.registry import engine_settings
 from asyncrl.training import attention_kernels as kernels
 from tests.rollout.rollout_testlib import FAST_ARCHS, engine, prompt, request, staggered_requests, tiny_model
 from tests.rollout.test_rollout_architectures import hf_greedy
@@ -174,6 +176,15 @@ def test_the_cpu_engine_prefills_packed_and_decodes_hf_greedy_tokens_as_the_padd
     eng._runner.prefill_path = "padded"
     assert [o.response_ids for o in run_sync(eng, reqs)] == want
     assert set(eng._runner.prefills) == {"padded"}
+    eng.close()
+
+
+def test_rollout_packed_prefill_off_is_the_padded_prefill() -> None:
+    """The key the engine bench turns the packed prefill off by (today's path, its baseline)."""
+    assert engine_settings(RolloutConfig(packed_prefill="off"), device="cpu", seed=0).packed_prefill == "off"
+    eng = engine(tiny_model("llama"), max_num_seqs=4, packed_prefill="off")
+    run_sync(eng, staggered_requests(3))
+    assert eng._runner.prefill_path == "padded" and set(eng._runner.prefills) == {"padded"}
     eng.close()
 
 
