@@ -204,12 +204,9 @@ def test_an_unknown_key_names_where_it_went_wrong(key, message):
     assert str(err.value).startswith(message)
 
 
-def test_dynamic_sampling_runs_in_the_two_batch_pipelines_only():
-    for pipeline in ("colocated", "one_step_off"):  # both take their batches from a BatchSource
+def test_dynamic_sampling_runs_in_every_pipeline():
+    for pipeline in ("colocated", "one_step_off", "fully_async"):
         assert load_config(None, [f"pipeline={pipeline}", "algorithm.filter_groups.enable=true"])
-    with pytest.raises(ConfigError, match=r"^algorithm.filter_groups .*not fully_async; "
-                                          r"set algorithm.filter_groups.enable=false$"):
-        load_config(None, ["pipeline=fully_async", "algorithm.filter_groups.enable=true"])
 
 
 def test_old_log_probs_is_read_by_colocated_only():

@@ -172,9 +172,6 @@ def _restart_rules(cfg: Config) -> None:
 
 
 def _async_rules(cfg: Config) -> None:
-    if cfg.pipeline == "fully_async" and cfg.algorithm.filter_groups.enable:
-        raise ConfigError("algorithm.filter_groups (DAPO dynamic sampling) runs with pipeline=colocated or "
-                          "one_step_off, not fully_async; set algorithm.filter_groups.enable=false")
     if cfg.pipeline != "colocated" and cfg.algorithm.adv_estimator in SYNC_ONLY_ESTIMATORS:
         raise ConfigError(f"pipeline={cfg.pipeline} supports critic-free estimators without "
                           "extra generation: use algorithm.adv_estimator=grpo, rloo, opo, ...")

@@ -15,7 +15,11 @@ generation, loads the new weights and the same samples continue from their parti
 the groups the T updates take, so a sync normally finds nothing to interrupt. At most
 `max_concurrent_samples_per_server` x engines prompts generate at once (verl's
 `max_concurrent_samples`). `max_version_lag` drops (and regenerates) any group older than the
-cap, so no trained sample exceeds it. Metrics: one metrics.jsonl line per local
+cap, so no trained sample exceeds it. DAPO dynamic sampling (`algorithm.filter_groups`): a group
+whose rewards all agree is dropped and counted, its prompt consumed (it counted against the
+freshness budget when it started and is not generated again); the trainer waits for R kept groups,
+or trains on fewer when nothing more can come before its next sync (the budget spent, nothing in
+flight) or the run's prompts are used up. Metrics: one metrics.jsonl line per local
 update (`training/global_step`); verl's step is a sync cycle of T updates
 (`fully_async/count/current_param_version`, which the summaries count), and its stale counters
 are cumulative. Every prompt is trained exactly once: `samples.jsonl` records each one. A
@@ -36,7 +40,7 @@ from asyncrl.pipelines.stopping import Stopped
 from asyncrl.queue.message_queue import MessageQueue
 from asyncrl.scheduling.staleness import StalenessBudget
 from asyncrl.telemetry.metrics import timer
-from asyncrl.types import Group
+from asyncrl.types import Group, PromptRow
 
 
 class AsyncTrainer:
@@ -46,6 +50,9 @@ class AsyncTrainer:
         self.ctx, self.queue, self.rollouter, self.budget = ctx, queue, rollouter, budget
         self.R, self.T = ctx.plan.prompts_per_update, ctx.plan.updates_per_sync
         self.total_prompts = ctx.plan.total_prompts
+        self.filtering = ctx.cfg.algorithm.filter_groups.enable
+        self.filtered = 0
+        """Prompts dynamic sampling dropped, recorded as consumed with an update."""
         self.dropped = 0
         self.stale_counts: dict[str, float] = {}
         """verl's cumulative `fully_async/count/stale_*_processed` counters (`staleness_metrics`)."""
@@ -56,22 +63,28 @@ class AsyncTrainer:
         return self.ctx.trained
 
     @property
+    def consumed(self) -> int:
+        """Prompts the run is done with: trained, or dropped by dynamic sampling."""
+        return self.trained + self.filtered
+
+    @property
     def version(self) -> int:
         """The policy version: weight syncs so far (`ParameterSynchronizer.version`)."""
         return self.ctx.synchronizer.version
 
     async def run(self, step: int) -> int:
-        while self.trained < self.total_prompts:
+        while self.consumed < self.total_prompts:
             step += 1
             metrics: dict[str, float] = {}
             with timer("step", metrics):
-                groups = await self.collect(metrics)
-                if not groups:
+                groups, filtered = await self.collect(metrics)
+                if not groups and not filtered:
                     break
                 with timer("train", metrics):
-                    metrics |= await train(self.ctx, groups, step)
+                    metrics |= await train(self.ctx, groups, step, consumed=filtered)
+                self.filtered += len(filtered)
                 metrics |= staleness_metrics(groups, self.version, self.stale_counts)
-                if step % self.T == 0 or self.trained >= self.total_prompts:
+                if step % self.T == 0 or self.consumed >= self.total_prompts:
                     metrics |= await self.sync()
             metrics |= self.step_metrics(metrics)
             await after_step(self.ctx, step, metrics, groups, validate_now=self.validation_due(step))
@@ -82,7 +95,7 @@ class AsyncTrainer:
         """The pipeline's part of a checkpoint (the policy version is the synchronizer's, the
         prompts in flight are the prompt stream's): counts, the staleness budget, the queue."""
         r = self.rollouter
-        return {"dropped": self.dropped, "started": r.started, "launches": r.launches,
+        return {"dropped": self.dropped, "filtered": self.filtered, "started": r.started, "launches": r.launches,
                 "in_flight": r.in_flight, "budget_started": self.budget.started, "num_stale": self.budget.num_stale,
                 "queue": self.queue.items, "parked": r.parked, "stale_counts": self.stale_counts}
 
@@ -92,7 +105,7 @@ class AsyncTrainer:
         flight then are started again. Restarted groups count against the budget anew."""
         if not state:
             return
-        self.dropped = state["dropped"]
+        self.dropped, self.filtered = state["dropped"], state.get("filtered", 0)
         self.rollouter.started, self.rollouter.launches = state["started"], state["launches"]
         self.budget.started = max(state["budget_started"] - state["in_flight"], 0)  # those start again
         self.budget.num_stale = state["num_stale"]
@@ -102,24 +115,31 @@ class AsyncTrainer:
         self.queue.restore(state["queue"])
         self.rollouter.continue_parked(state["parked"])
 
-    async def collect(self, metrics: dict[str, float]) -> list[Group]:
-        """The next R prompts' groups (fewer at the end), skipping any past the lag cap."""
-        want = min(self.R, self.total_prompts - self.trained)
+    async def collect(self, metrics: dict[str, float]) -> tuple[list[Group], list[PromptRow]]:
+        """The next R prompts' groups (fewer at the end), skipping any past the lag cap; with
+        dynamic sampling, also the prompts of the groups it dropped (consumed, not trained)."""
         groups: list[Group] = []
+        filtered: list[PromptRow] = []
         with timer("wait_samples", metrics), self.ctx.trace.span("wait_samples", "trainer"):
-            while len(groups) < want:
+            while len(groups) < min(self.R, self.total_prompts - self.consumed - len(filtered)):
+                if self.filtering and not len(self.queue) and self.rollouter.starved():
+                    break  # nothing more comes before the next sync: train on the kept ones
                 try:
                     # a queued group is taken at once: racing the stop signal costs two tasks
                     group = await (self.queue.get() if len(self.queue) else self.ctx.stop.race(self.queue.get()))
                 except Stopped:
                     self.queue.put_back(groups)  # not trained: the checkpoint keeps them queued
                     raise
-                if self.budget.admissible(group.min_version, self.version):
-                    groups.append(group)
-                else:
+                if not self.budget.admissible(group.min_version, self.version):
                     self.dropped += 1
                     self.rollouter.requeue(group.row)
-        return groups
+                elif self.filtering and len(set(group.rewards_G)) <= 1:
+                    filtered.append(group.row)
+                else:
+                    groups.append(group)
+        if self.filtering:
+            metrics["train/filtered_groups"] = len(filtered)
+        return groups, filtered
 
     async def sync(self) -> dict[str, float]:
         """Bump the version: hold new starts, then wait for (c) or interrupt (d) in-flight work."""
@@ -137,12 +157,13 @@ class AsyncTrainer:
         step_s = metrics.get("timing_s/step", 0.0) or 1e-9
         return (self.queue.metrics() | self.rollouter.metrics()
                 | {"trainer/idle_ratio": metrics.get("timing_s/wait_samples", 0.0) / step_s,
-                   "fully_async/count/dropped_stale": self.dropped, "training/param_version": self.version})
+                   "fully_async/count/dropped_stale": self.dropped, "fully_async/count/filtered_groups": self.filtered,
+                   "training/param_version": self.version})
 
     def validation_due(self, step: int) -> bool:
         freq = self.ctx.cfg.rollout.test_freq
         synced_now = step % self.T == 0
-        return self.trained >= self.total_prompts or (freq > 0 and synced_now and self.version % freq == 0)
+        return self.consumed >= self.total_prompts or (freq > 0 and synced_now and self.version % freq == 0)
 
 
 def in_flight_cap(ctx: RunContext) -> int:

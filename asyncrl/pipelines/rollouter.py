@@ -84,6 +84,10 @@ class Rollouter:
         below_cap = self.max_in_flight <= 0 or self.in_flight < self.max_in_flight
         return has_prompt and below_cap and not self._held and self.budget.can_start()
 
+    def starved(self) -> bool:
+        """Nothing more arrives before the trainer's next sync: none in flight, none may start."""
+        return self.in_flight == 0 and not self._may_start()
+
     def _next_row(self) -> PromptRow:
         if not self.ctx.prompts.has_replay:
             self.started += 1

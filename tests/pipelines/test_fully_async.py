@@ -34,6 +34,26 @@ def test_every_prompt_trained_exactly_once(tiny_cache, tmp_path, mode):
     assert rows[-1]["training/global_step"] == 8  # ceil(30 / 4) local updates
 
 
+def constant_reward(prompts: list, completions: list, **_: object) -> list[float]:
+    """Every response scores the same: every group's rewards agree."""
+    return [0.5] * len(prompts)
+
+
+@pytest.mark.parametrize("reward", ["", f"reward.functions=[{__name__}:constant_reward]"], ids=["scored", "all-agree"])
+def test_dynamic_sampling_consumes_each_prompt_once_and_never_waits_forever(tiny_cache, tmp_path, reward):
+    # threshold 0: a version starts exactly the R prompts an update takes, so a dropped group leaves
+    # the trainer short until the next sync; it trains on fewer rather than wait (all-agree: every
+    # group is dropped, nothing is trained, and the run still ends)
+    rows = run_pipeline(tmp_path, *SMALL, "algorithm.filter_groups.enable=true", "rollout.total_rollout_steps=24",
+                        *[r for r in [reward] if r])
+    ledger = read_jsonl(tmp_path / "samples.jsonl")
+    filtered = rows[-1]["fully_async/count/filtered_groups"]
+    assert len(ledger) + filtered == 24 and len({s["prompt"] for s in ledger}) == len(ledger)
+    assert sum(r.get("train/filtered_groups", 0) for r in rows) == filtered
+    if reward:
+        assert (filtered, ledger) == (24, [])
+
+
 def test_threshold_zero_starts_exactly_R_times_T_per_version(tiny_cache, tmp_path):
     run_pipeline(tmp_path, *SMALL, "async_training.trigger_parameter_sync_step=2",
                  "async_training.require_batches=2", "rollout.total_rollout_steps=48")
