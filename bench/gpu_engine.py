@@ -78,9 +78,15 @@ from bench.engine_diag import (  # noqa: E402
     weight_bytes,
 )
 
-PARTS: dict[str, dict[str, Any]] = {}
+PARTS: dict[str, dict[str, Any]] = {
+    "admission": dict(admit_min_free_slots=1),  # admit at every free slot, as before
+    "packed_prefill": dict(packed_prefill="off"),  # padded, eager prefill
+    "fused_decode": dict(fused_decode="off"),  # HF's modules, unfused
+    "decode_attention": dict(decode_attention="matmul"),  # rows padded to a power-of-two length
+}
 """Issue 24's engine parts, each by the EngineSettings that turn it off (today's path); `--off`
-names some of them, `--off all` every one."""
+names some of them, `--off all` every one. KV moves in one operation have no switch (the stacked
+cache replaced the per-buffer copies)."""
 
 MODELS: dict[str, dict[str, Any]] = {
     "qwen2-0.5b": dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
