@@ -127,7 +127,7 @@ def check_prompt_fit(cfg: Config, files: Sequence[DataFile], log: Log) -> None:
     d = cfg.data
     if not files:
         return
-    counter = _prompt_length_counter(cfg.model.path, d.chat_template)
+    counter = _prompt_length_counter(cfg.model.path, d.chat_template) if d.filter_overlong_prompts else None
     n_train = 0
     for f in files:
         dropped = _count_dropped(counter, f, d.max_prompt_length, log) if counter else 0

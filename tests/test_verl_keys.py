@@ -176,7 +176,10 @@ def test_the_table_covers_every_key_of_verls_config() -> None:
         verl |= set(_leaves({k: v for k, v in tree.items() if k not in ("hydra", "defaults")}))
     assert [k for k in sorted(verl) if not (is_verl_key(k) or k in leaf_keys())] == []
     dapo_recipe = {"algorithm.filter_groups.enable", "algorithm.filter_groups.max_num_gen_batches"}
-    assert set(TABLE) - verl <= dapo_recipe
+    # read by verl's FSDP workers with `fsdp_config.get("mixed_precision")`, absent from its schema
+    fsdp_workers = {f"actor_rollout_ref.actor.fsdp_config.mixed_precision.{k}"
+                    for k in ("param_dtype", "reduce_dtype", "buffer_dtype")}
+    assert set(TABLE) - verl <= dapo_recipe | fsdp_workers
 
 
 def _leaves(tree: dict[str, Any], prefix: str = "") -> list[str]:
@@ -211,6 +214,10 @@ def test_every_target_of_the_table_exists() -> None:
     ("reward_model.sandbox_fusion.url=http://sb:8080/run_code", {"sandbox.backend": "http"}),
     ("actor_rollout_ref.hybrid_engine=True", {"pipeline": "colocated"}),
     ("++actor_rollout_ref.actor.ppo_epochs=2", {"actor.ppo_epochs": 2}),
+    ("+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+     {"model.dtype": "bfloat16", "model.mixed_precision": "param_dtype"}),
+    ("actor_rollout_ref.actor.fsdp_config.dtype=bfloat16",
+     {"model.dtype": "bfloat16", "model.mixed_precision": "param_dtype"}),
 ])
 def test_verl_keys_map_to_ours(override: str, expected: dict[str, Any]) -> None:
     cfg = load_config(None, [override])
@@ -231,6 +238,17 @@ def test_verl_keys_map_to_ours(override: str, expected: dict[str, Any]) -> None:
 ])
 def test_verls_forward_only_budget_maps_to_ours(overrides: list[str], tokens: int) -> None:
     assert load_config(None, overrides).actor.log_prob_micro_batch_tokens == tokens
+
+
+def test_verls_mixed_precision_maps_where_it_means_the_same() -> None:
+    a = "actor_rollout_ref.actor.fsdp_config."
+    ours = load_config(None, [f"+{a}mixed_precision.param_dtype=bf16", "model.mixed_precision=autocast"])
+    assert (ours.model.dtype, ours.model.mixed_precision) == ("bfloat16", "autocast")  # ours wins
+    kept = resolve(None, [f"+{a}mixed_precision.reduce_dtype=fp32", f"+{a}mixed_precision.buffer_dtype=fp32",
+                          f"{a}model_dtype=fp32"])
+    assert kept.not_modelled == [] and "model.mixed_precision" not in kept.values
+    off = resolve(None, [f"+{a}mixed_precision.param_dtype=fp32", f"+{a}mixed_precision.reduce_dtype=bf16"])
+    assert off.not_modelled == [f"{a}mixed_precision.param_dtype", f"{a}mixed_precision.reduce_dtype"]
 
 
 def test_specific_clip_ratios_win_over_verls_clip_ratio() -> None:
@@ -284,10 +302,10 @@ def test_a_verl_yaml_file_is_read_too(tmp_path: Path) -> None:
 
 def test_a_value_asyncrl_does_not_have_is_in_the_warning(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="asyncrl.config"):
-        load_config(None, ["data.filter_overlong_prompts=True", "actor_rollout_ref.rollout.mode=async"])
+        load_config(None, ["data.prompt_key=prompt", "actor_rollout_ref.rollout.mode=async"])
         assert not caplog.records
-        load_config(None, ["data.filter_overlong_prompts=False"])
-    assert "data.filter_overlong_prompts" in caplog.records[0].getMessage()
+        load_config(None, ["data.prompt_key=question"])
+    assert "data.prompt_key" in caplog.records[0].getMessage()
 
 
 @pytest.mark.parametrize("key, hint", [
@@ -340,3 +358,8 @@ def test_config_prints_every_key_with_its_doc(capsys: pytest.CaptureFixture[str]
     assert "  n: 4  # Responses sampled per prompt (the group size). Range: >= 1." in printed.splitlines()
     values = [line for line in printed.splitlines() if ":  # " not in line]  # sections are `name:  # doc`
     assert len(values) == len(leaf_keys())
+
+
+def test_verls_overlong_prompt_keys_map() -> None:
+    cfg = load_config(None, ["data.filter_overlong_prompts=False", "data.truncation=left"])
+    assert (cfg.data.filter_overlong_prompts, cfg.data.truncation) == (False, "left")

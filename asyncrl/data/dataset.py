@@ -24,6 +24,7 @@ Tokenization lives in `tokenization.py`; this module does not touch tokenizers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -199,12 +200,39 @@ def check_prompt_lengths(lengths_N: Sequence[int], max_prompt_length: int, sourc
     return n_dropped
 
 
-def drop_overlong(rows: Sequence[PromptRow], max_prompt_length: int, source: str,
-                  log: Callable[[str], None]) -> list[PromptRow]:
-    """The tokenized rows of `source` that fit `data.max_prompt_length`, reported as `check_prompt_lengths` does."""
+def fit_prompts(rows: Sequence[PromptRow], max_prompt_length: int, source: str, log: Callable[[str], None], *,
+                filter_overlong: bool = True, truncation: str = "error") -> list[PromptRow]:
+    """The tokenized rows of `source` within `data.max_prompt_length`: the longer ones dropped and
+    reported as `check_prompt_lengths` does (`data.filter_overlong_prompts`), else cut as
+    `data.truncation` says (verl's modes: left keeps the end, right the start, middle both ends)
+    and counted in one warning, or the first one an error naming the keys.
+
+    Example: ids (1..6), max 4: left -> (3, 4, 5, 6), right -> (1, 2, 3, 4), middle -> (1, 2, 5, 6)."""
     assert all(r.prompt_ids for r in rows), "tokenize the rows first"
-    check_prompt_lengths([len(r.prompt_ids) for r in rows], max_prompt_length, source, log)
-    return [r for r in rows if len(r.prompt_ids) <= max_prompt_length]
+    if filter_overlong:
+        check_prompt_lengths([len(r.prompt_ids) for r in rows], max_prompt_length, source, log)
+        return [r for r in rows if len(r.prompt_ids) <= max_prompt_length]
+    long = [r for r in rows if len(r.prompt_ids) > max_prompt_length]
+    if long and truncation == "error":
+        raise DataError(f"{source}: prompt '{long[0].uid}' has {len(long[0].prompt_ids)} tokens > "
+                        f"data.max_prompt_length={max_prompt_length}; raise it, set data.filter_overlong_prompts=true "
+                        f"to drop such prompts, or data.truncation=left|right|middle to cut them")
+    if long:
+        log(f"warning: data.truncation={truncation} cuts {len(long)} of {len(rows)} prompts in {source} to "
+            f"data.max_prompt_length={max_prompt_length} tokens (longest {max(len(r.prompt_ids) for r in long)})")
+    return [dataclasses.replace(r, prompt_ids=cut(r.prompt_ids, max_prompt_length, truncation)) for r in rows]
+
+
+def cut(ids: tuple[int, ...], limit: int, truncation: str) -> tuple[int, ...]:
+    """`ids` within `limit` tokens, cut as `truncation` says (see `fit_prompts`)."""
+    if len(ids) <= limit:
+        return ids
+    if truncation == "left":
+        return ids[len(ids) - limit:]
+    if truncation == "right":
+        return ids[:limit]
+    head = limit // 2
+    return ids[:head] + ids[len(ids) - (limit - head):]
 
 
 def _tname(value: Any) -> str:

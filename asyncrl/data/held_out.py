@@ -1,8 +1,8 @@
 """The held-out prompts of a config, loaded one way for a run's validation
 (`asyncrl.workers.factory.load_data`) and for `asyncrl eval`, so both score the same prompts:
 `data.val_files`, or the built-in task's test split when there are none, tokenized with
-`data.chat_template` and without the prompts longer than `data.max_prompt_length` (counted and
-reported, naming the key).
+`data.chat_template`, the prompts longer than `data.max_prompt_length` dropped or cut
+(`data.filter_overlong_prompts`, `data.truncation`; counted and reported, naming the keys).
 
 It does not decide whether a run validates at all (the factory skips validation when a run
 trains on its own files and names no val_files) and it generates nothing.
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.data.dataset import drop_overlong, load_rows
+from asyncrl.data.dataset import fit_prompts, load_rows
 from asyncrl.data.tasks import make_task
 from asyncrl.data.tokenization import tokenize_rows
 from asyncrl.types import PromptRow
@@ -36,6 +36,7 @@ def val_rows(d: DataConfig, seed: int, tok: Any, log: Callable[[str], None]) -> 
 
 def prompt_rows(raw: Sequence[PromptRow], d: DataConfig, tok: Any, source: str,
                 log: Callable[[str], None]) -> list[PromptRow]:
-    """`raw` tokenized, without those longer than data.max_prompt_length (counted, naming the key)."""
+    """`raw` tokenized, within data.max_prompt_length (the longer dropped or cut, counted, naming the keys)."""
     tokenized, _ = tokenize_rows(raw, tok, sys.maxsize, chat_template=d.chat_template or None)
-    return drop_overlong(tokenized, d.max_prompt_length, source, log)
+    return fit_prompts(tokenized, d.max_prompt_length, source, log, filter_overlong=d.filter_overlong_prompts,
+                       truncation=d.truncation)

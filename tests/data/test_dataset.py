@@ -14,7 +14,7 @@ import pytest
 
 from asyncrl.data.dataset import (
     check_prompt_lengths,
-    drop_overlong,
+    fit_prompts,
     load_rows,
     row_from_record,
     write_jsonl,
@@ -169,12 +169,27 @@ def test_prompt_lengths_some_dropped_is_one_warning_line() -> None:
     assert check_prompt_lengths([10, 64], 64, "train.parquet", lines.append) == 0 and len(lines) == 1
 
 
-def test_drop_overlong_keeps_the_prompts_that_fit() -> None:
+def test_filtering_keeps_the_prompts_that_fit() -> None:
     rows = [PromptRow(uid=f"t-{n}", data_source="x", messages=(), ground_truth="", prompt_ids=(1,) * n)
             for n in (3, 9, 5)]
     lines: list[str] = []
-    assert [r.uid for r in drop_overlong(rows, 5, "f.jsonl", lines.append)] == ["t-3", "t-5"]
+    assert [r.uid for r in fit_prompts(rows, 5, "f.jsonl", lines.append)] == ["t-3", "t-5"]
     assert "drops 1 of 3 prompts in f.jsonl (longest 9 tokens)" in lines[0]
+
+
+@pytest.mark.parametrize(("truncation", "kept"), [("left", (3, 4, 5, 6)), ("right", (1, 2, 3, 4)),
+                                                  ("middle", (1, 2, 5, 6))])
+def test_truncation_cuts_as_verl_does_and_counts(truncation: str, kept: tuple[int, ...]) -> None:
+    rows = [PromptRow("t-0", "x", (), "", prompt_ids=(1, 2, 3, 4, 5, 6)),
+            PromptRow("t-1", "x", (), "", prompt_ids=(7,))]
+    lines: list[str] = []
+    out = fit_prompts(rows, 4, "f.jsonl", lines.append, filter_overlong=False, truncation=truncation)
+    assert [r.prompt_ids for r in out] == [kept, (7,)]
+    assert lines == [f"warning: data.truncation={truncation} cuts 1 of 2 prompts in f.jsonl to "
+                     "data.max_prompt_length=4 tokens (longest 6)"]
+    with pytest.raises(DataError, match=r"f.jsonl: prompt 't-0' has 6 tokens > data.max_prompt_length=4; .* "
+                                        r"data.filter_overlong_prompts=true .* data.truncation=left\|right\|middle"):
+        fit_prompts(rows, 4, "f.jsonl", lines.append, filter_overlong=False, truncation="error")
 
 
 def _no_log(message: str) -> None:
