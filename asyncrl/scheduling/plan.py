@@ -22,12 +22,13 @@ from asyncrl.scheduling.micro_budget import (
     GiB,
     TrainerDevice,
     TrainerLoad,
-    activation_bytes_per_token,
     cuda_micro_batch_tokens,
+    load_bytes_per_token,
     micro_batch_budgets,
     trainer_bytes,
 )
 from asyncrl.scheduling.old_log_probs import PASS_SOURCES, OldLogProbSource, old_log_prob_source
+from asyncrl.scheduling.precision_path import PrecisionPath, describe, precision_path
 from asyncrl.scheduling.staleness import StalenessBudget
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ class RunPlan:
     """Tokens of one forward-only micro-batch: old and reference log-probs, critic values."""
     micro_batch_basis: str
     """Where the training budget came from: "set", "default" or how it was sized."""
+    precision: PrecisionPath
+    """The trainer's mixed-precision path (`scheduling.precision_path`): `model.mixed_precision` resolved."""
 
     @property
     def old_log_prob_pass(self) -> bool:
@@ -78,7 +81,7 @@ class RunPlan:
                 f"{self.prompts_per_update}, {self.mini_batches} mini-batch(es) per update, "
                 f"{self.optimizer_steps} optimizer steps{sync}{budget}, old log-probs: {self.old_log_probs}, "
                 f"micro-batches of {self.micro_batch_tokens} tokens ({self.micro_batch_basis}), "
-                f"{self.log_prob_micro_batch_tokens} forward-only")
+                f"{self.log_prob_micro_batch_tokens} forward-only, precision {describe(self.precision)}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -108,7 +111,8 @@ def plan_run(cfg: Config, device: str | None = None, trainer_device: TrainerDevi
         off_policy_correction=a.off_policy_correction)
     budgets = _micro_batch_budgets(cfg, device or cfg.trainer.device, trainer_device)
     return RunPlan(cfg.pipeline, per_update, total, updates, minis, optimizer_steps, per_sync, per_version, source,
-                   *budgets)
+                   *budgets,
+                   precision=precision_path(cfg.model.mixed_precision, cfg.model.dtype, device or cfg.trainer.device))
 
 
 def _micro_batch_budgets(cfg: Config, device: str, trainer_device: TrainerDevice | None) -> tuple[int, int, str]:
@@ -122,10 +126,9 @@ def _micro_batch_budgets(cfg: Config, device: str, trainer_device: TrainerDevice
             basis = "default: the device's memory or the model's shape unknown"
         else:
             share = cfg.rollout.gpu_memory_utilization if engine_shares_trainer_device(cfg) else 0.0
-            load = trainer_load(cfg)
+            load = trainer_load(cfg, device)
             derived = cuda_micro_batch_tokens(trainer_device, share, load)
-            per_token = activation_bytes_per_token(trainer_device.shape, compute_bytes=load.compute_bytes,
-                                                   checkpointing=load.checkpointing)
+            per_token = load_bytes_per_token(trainer_device.shape, load, derived)
             basis = (f"sized: {trainer_bytes(trainer_device.total_bytes, share) / GiB:.1f} GiB left to the "
                      f"trainer, {per_token / 2**20:.2f} MiB per token")
     return (*micro_batch_budgets(a.ppo_micro_batch_tokens, a.log_prob_micro_batch_tokens, derived), basis)
@@ -138,9 +141,15 @@ def engine_shares_trainer_device(cfg: Config) -> bool:
     return cfg.pipeline == "colocated" or cfg.backend != "ray"
 
 
-def trainer_load(cfg: Config) -> TrainerLoad:
-    """What the trainer holds besides activations, as the worker factory builds it."""
-    return TrainerLoad(compute_bytes=2 if cfg.model.dtype == "bfloat16" else 4,
-                       checkpointing=cfg.model.enable_gradient_checkpointing, lora_rank=cfg.model.lora_rank,
+def trainer_load(cfg: Config, device: str) -> TrainerLoad:
+    """What the trainer holds besides activations, as the worker factory builds it on `device`:
+    its precision path, and the head over vocabulary chunks where `choose_head` takes it on CUDA
+    (all but a LoRA-wrapped `lm_head`; a model that soft-caps its logits, which the actor finds
+    at start-up, takes the full logits, more than this counts: set actor.ppo_micro_batch_tokens)."""
+    m = cfg.model
+    return TrainerLoad(compute_bytes=2 if m.dtype == "bfloat16" else 4,
+                       precision=precision_path(m.mixed_precision, m.dtype, device),
+                       chunked_head=device == "cuda" and not (m.lora_rank and "lm_head" in m.target_modules),
+                       checkpointing=m.enable_gradient_checkpointing, lora_rank=m.lora_rank,
                        reference=cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
                        critic=cfg.algorithm.adv_estimator == "gae", ranks=cfg.trainer.ranks)

@@ -37,9 +37,10 @@ the batch's device. The micro-batch loop reads nothing back from the device: pla
 batch's host-side facts (`asyncrl.training.batch.HostRows`), metrics stay device tensors (float64
 sums) and reach the host in one transfer per step (`to_host`), and one more read per optimizer
 step takes the gradient norm, whose finiteness decides the step. With
-`compute_dtype=torch.bfloat16` forwards run under autocast (matmuls in bf16; log-probs,
-entropies and losses in float32) and `named_weights` gives bf16 copies, what the rollout
-engines hold.
+`compute_dtype=torch.bfloat16` the `mixed_precision` path (`asyncrl.training.precision`) runs:
+bf16 parameters over float32 masters (FSDP2's policy; the default on CUDA) or autocast over
+float32 parameters; log-probs, entropies and losses are float32 math either way, and
+`named_weights` gives bf16 copies of the float32 masters, what the rollout engines hold.
 
 It does not know about pipelines or engines, and starts no processes.
 """
@@ -75,7 +76,8 @@ from asyncrl.training.batch import (
     to_host,
 )
 from asyncrl.training.lora import is_lora, load_lora, merged_named, save_lora
-from asyncrl.training.optim import LRSchedule, make_optimizer, resolve_warmup, seed_state, set_seed_state
+from asyncrl.training.optim import actor_schedule, make_optimizer, seed_state, set_seed_state
+from asyncrl.training.precision import Precision, autocast, cast_params, weights_for
 from asyncrl.training.vocab_chunks import choose_head, fused_head
 
 if TYPE_CHECKING:
@@ -122,11 +124,6 @@ def _counts(batch: TrainBatch) -> dict[str, float]:
 def _f64(value: torch.Tensor | float) -> torch.Tensor | float:
     """A metric as a float64 term of a sum (a device tensor stays there), as Python sums floats."""
     return value.detach().double() if isinstance(value, torch.Tensor) else value
-
-
-def autocast(device: torch.device, dtype: torch.dtype) -> torch.autocast:
-    """Mixed precision for forwards in `dtype` (off for float32)."""
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 @dataclass(frozen=True)
@@ -198,14 +195,18 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 class RefWorker:
-    """A frozen policy: per-token log-probs only (for KL terms)."""
+    """A frozen policy: per-token log-probs only (for KL terms). Under "param_dtype" its
+    parameters are held in bf16 alone: it never steps, so it keeps no float32 masters."""
 
     def __init__(self, model: nn.Module, temperature: float, micro_batch_tokens: int,
-                 compute_dtype: torch.dtype = torch.float32, use_remove_padding: bool = True) -> None:
+                 compute_dtype: torch.dtype = torch.float32, use_remove_padding: bool = True,
+                 mixed_precision: str = "auto") -> None:
         self.model = model.eval().requires_grad_(False)
         self.temperature = temperature
         self.micro_batch_tokens = micro_batch_tokens
-        self.compute_dtype = compute_dtype
+        self.precision = Precision.choose(mixed_precision, compute_dtype, model_device(model))
+        if self.precision.param_dtype is not None:
+            cast_params(model, self.precision.param_dtype)
         self.pack = use_remove_padding
         if self.pack:
             packing.enable_packing(model)
@@ -218,16 +219,8 @@ class RefWorker:
         return out.to(batch.responses.device)
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
-        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype, self.pack, self.head.chunked)
-
-
-def actor_schedule(cfg: ActorConfig, total_steps: int) -> LRSchedule:
-    """The actor's LR schedule over a run of `total_steps` optimizer steps (0: unknown, which
-    only a constant schedule with warm-up in steps can do without)."""
-    assert total_steps > 0 or (cfg.lr_scheduler == "constant" and cfg.warmup_steps >= 0), \
-        "actor.lr_scheduler=cosine and actor.warmup_steps=-1 need the run's total optimizer steps"
-    return LRSchedule(warmup_steps=resolve_warmup(cfg.warmup_steps, cfg.warmup_ratio, total_steps),
-                      total_steps=total_steps, kind=cfg.lr_scheduler, min_lr_ratio=cfg.min_lr_ratio)
+        return response_log_probs(self.model, mb, self.temperature, self.precision.autocast_dtype, self.pack,
+                                  self.head.chunked)
 
 
 class Actor:
@@ -235,19 +228,22 @@ class Actor:
 
     def __init__(self, model: PreTrainedModel | PeftModel, cfg: ActorConfig, *, temperature: float,
                  norm_length: int, total_steps: int = 0, compute_dtype: torch.dtype = torch.float32,
-                 use_remove_padding: bool = True) -> None:
+                 use_remove_padding: bool = True, mixed_precision: str = "auto") -> None:
         self.sharded = fsdp.is_sharded()
+        self.precision = Precision.choose(mixed_precision, compute_dtype, model_device(model))
         if self.sharded:
             assert not is_lora(model), \
                 "LoRA with FSDP (a process group of several ranks) is not supported: set model.lora_rank=0"
-            fsdp.shard(model)
+            fsdp.shard(model, self.precision.param_dtype)
+        self.weights = weights_for(model, self.precision, self.sharded)  # where the float32 masters live
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
         self.norm_length = norm_length
-        self.compute_dtype = compute_dtype
         self.schedule = actor_schedule(cfg, total_steps)
-        self.optimizer, self.scheduler = make_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas, self.schedule)
+        self.optimizer, self.scheduler = make_optimizer(self.weights.trainable(), cfg.lr, cfg.weight_decay, cfg.betas,
+                                                        self.schedule)
+        self.weights.attach(self.optimizer)
         self.pack = use_remove_padding
         if self.pack:  # after the optimizer: FSDP2 leaves the root unsharded after a no-grad forward
             packing.enable_packing(model)
@@ -258,14 +254,17 @@ class Actor:
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """What the rollout engines load: every parameter under the base model's names (LoRA
-        merged), detached; tensors not merged are not copied. Sharded: full copies (collective)."""
-        if self.sharded:
-            named = fsdp.full_tensors(self.model)
-        else:
-            named = merged_named(self.model) if is_lora(self.model) else export_named(self.model)
-        if self.compute_dtype == torch.float32:
-            return named
-        return {k: v.to(self.compute_dtype) if v.is_floating_point() else v for k, v in named.items()}
+        merged), detached; tensors not merged are not copied. Sharded: full copies (collective).
+        Below float32: the float32 masters cast once, whichever precision path trains them."""
+        with self.weights.at_masters():
+            if self.sharded:
+                named = fsdp.full_tensors(self.model)
+            else:
+                named = merged_named(self.model) if is_lora(self.model) else export_named(self.model)
+            dtype = self.precision.dtype
+            if dtype == torch.float32:
+                return named
+            return {k: v.to(dtype) if v.is_floating_point() else v for k, v in named.items()}
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
@@ -276,7 +275,8 @@ class Actor:
         return out.to(batch.responses.device)
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
-        return response_log_probs(self.model, mb, self.temperature, self.compute_dtype, self.pack, self.head.chunked)
+        return response_log_probs(self.model, mb, self.temperature, self.precision.autocast_dtype, self.pack,
+                                  self.head.chunked)
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         """PPO epochs over mini-batches; one optimizer step per mini-batch."""
@@ -305,7 +305,7 @@ class Actor:
         assert self._pending is not None, "apply_update without accumulate: no gradients to apply"
         acc, self._pending = self._pending, None
         total = acc.count(self._pg_mode())
-        for param in self.model.parameters():
+        for param in self._trainable():  # the masters' gradients where they are apart
             if param.grad is not None:
                 param.grad.div_(total)
         metrics = {k: v / self._metric_count(k, acc) for k, v in acc.metrics.items()}
@@ -377,7 +377,7 @@ class Actor:
     def _micro_batch_loss(self, mb: TrainBatch, counts: dict[str, float]) -> tuple[torch.Tensor, Metrics]:
         cfg = self.cfg
         assert mb.advantages is not None
-        out = response_logits(self.model, mb, self.compute_dtype, self.pack,
+        out = response_logits(self.model, mb, self.precision.autocast_dtype, self.pack,
                               self.temperature if self.head.chunked else None)
         log_prob = out.log_probs(self.temperature)
         # None: this forward runs on the weights that generated the batch (one optimizer step
@@ -409,15 +409,16 @@ class Actor:
     def save(self, path: Path) -> None:
         """HF format (LoRA: merged, plus the adapters in `lora_adapter/`) and the optimizer,
         schedule, version and RNG state in actor_state.pt. Sharded: the same files, of the full
-        state, written by rank 0 (collective)."""
+        state, written by rank 0 (collective). The weights are the float32 masters on every path."""
         path.mkdir(parents=True, exist_ok=True)
         model_sd, optim_sd = (fsdp.full_state_dicts(self.model, self.optimizer) if self.sharded
                               else (None, self.optimizer.state_dict()))
         if fsdp.world()[0] == 0:
-            if is_lora(self.model):
-                save_lora(self.model, path)
-            else:
-                self.model.save_pretrained(str(path), state_dict=model_sd)
+            with self.weights.at_masters():
+                if is_lora(self.model):
+                    save_lora(self.model, path)
+                else:
+                    self.model.save_pretrained(str(path), state_dict=model_sd)
             torch.save({"optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
                         "version": self.version, "rng": seed_state()}, path / "actor_state.pt")
         if self.sharded:
@@ -433,10 +434,11 @@ class Actor:
             fsdp.load_full_state_dicts(self.model, self.optimizer, load_file(str(path / "model.safetensors")),
                                        extra["optimizer"])
         else:
-            if is_lora(self.model):
-                load_lora(self.model, path)  # the merged model.safetensors would add the adapters twice
-            else:
-                self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+            with self.weights.at_masters(write=True):  # into the float32 masters, then their working copy
+                if is_lora(self.model):
+                    load_lora(self.model, path)  # the merged model.safetensors would add the adapters twice
+                else:
+                    self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
             self.optimizer.load_state_dict(extra["optimizer"])
         self.scheduler.load_state_dict(extra["scheduler"])
         self.version = extra["version"]

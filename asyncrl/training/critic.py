@@ -5,7 +5,9 @@ matching verl. Value loss with clipping comes from the pure `asyncrl.algorithms.
 With `use_remove_padding` the body runs on each micro-batch's rows packed into one sequence
 (`asyncrl.training.packing`), as the actor does. As in the actor, the micro-batch loop reads
 nothing back from the device: weights come from the batch's host-side facts and the metrics
-reach the host once per `train_step`.
+reach the host once per `train_step`. Precision as the actor's (`asyncrl.training.precision`):
+under "param_dtype" the value model runs in bf16 over float32 masters, which the optimizer
+steps and the checkpoint holds.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import nn
 from asyncrl.algorithms.value_loss import compute_value_loss
 from asyncrl.config.schema import CriticConfig
 from asyncrl.training import packing
-from asyncrl.training.actor import autocast, model_device
+from asyncrl.training.actor import model_device
 from asyncrl.training.batch import (
     Metrics,
     TrainBatch,
@@ -32,25 +34,26 @@ from asyncrl.training.batch import (
     to_host,
 )
 from asyncrl.training.optim import LRSchedule, make_optimizer
+from asyncrl.training.precision import Precision, autocast, weights_for
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
 class ValueModel(nn.Module):
-    def __init__(self, causal_lm: PreTrainedModel, compute_dtype: torch.dtype = torch.float32,
+    def __init__(self, causal_lm: PreTrainedModel, autocast_dtype: torch.dtype = torch.float32,
                  pack: bool = False) -> None:
         super().__init__()
         self.body = copy.deepcopy(causal_lm.get_decoder())
         self.head = nn.Linear(causal_lm.config.hidden_size, 1, device=model_device(causal_lm))
-        self.compute_dtype = compute_dtype
+        self.autocast_dtype = autocast_dtype
         self.pack = pack
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     def forward(self, batch: TrainBatch) -> torch.Tensor:
         """Values at the positions that predict each response token; packed: zeros at padding. # (B, T)"""
-        with autocast(batch.input_ids.device, self.compute_dtype):
+        with autocast(batch.input_ids.device, self.autocast_dtype):
             if self.pack:
                 p = packing.pack(batch)
                 hidden = self.body(**p.forward_kwargs(), use_cache=False).last_hidden_state
@@ -64,16 +67,19 @@ class ValueModel(nn.Module):
 class Critic:
     def __init__(self, causal_lm: PreTrainedModel, cfg: CriticConfig, *, micro_batch_tokens: int,
                  forward_micro_batch_tokens: int, loss_agg_mode: str, compute_dtype: torch.dtype = torch.float32,
-                 use_remove_padding: bool = True) -> None:
-        self.model = ValueModel(causal_lm, compute_dtype, use_remove_padding)
+                 use_remove_padding: bool = True, mixed_precision: str = "auto") -> None:
+        self.precision = Precision.choose(mixed_precision, compute_dtype, model_device(causal_lm))
+        self.model = ValueModel(causal_lm, self.precision.autocast_dtype, use_remove_padding)
+        self.weights = weights_for(self.model, self.precision)  # where the float32 masters live
         if use_remove_padding:
             packing.enable_packing(self.model.body, logits=False)
         self.cfg = cfg
         self.micro_batch_tokens = micro_batch_tokens  # training; values are forward-only:
         self.forward_micro_batch_tokens = forward_micro_batch_tokens
         self.loss_agg_mode = loss_agg_mode
-        self.optimizer, self.scheduler = make_optimizer(self.model, cfg.lr, 0.0, (0.9, 0.999),
+        self.optimizer, self.scheduler = make_optimizer(self.weights.trainable(), cfg.lr, 0.0, (0.9, 0.999),
                                                         LRSchedule(warmup_steps=cfg.warmup_steps))
+        self.weights.attach(self.optimizer)
 
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
@@ -100,7 +106,7 @@ class Critic:
             (loss * weight).backward()
             for k, v in m.items():
                 metrics[k] = metrics[k] + v.double() * weight
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        grad_norm = nn.utils.clip_grad_norm_(self.weights.trainable(), self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         metrics["critic/grad_norm"] = grad_norm.detach().double()
@@ -108,11 +114,13 @@ class Critic:
 
     def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict()}, path / "critic.pt")
+        with self.weights.at_masters():  # float32 whatever the precision path
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict()}, path / "critic.pt")
 
     def load(self, path: Path) -> None:
         state = torch.load(path / "critic.pt", weights_only=False)
-        self.model.load_state_dict(state["model"])
+        with self.weights.at_masters(write=True):
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

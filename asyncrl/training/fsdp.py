@@ -3,8 +3,11 @@
 The actor shards its model when it runs in an initialised process group of more than one rank
 (gloo on CPU, NCCL on GPUs). What each rank does:
 
-- `shard(model)`: every decoder layer, then the root, becomes an FSDP unit: parameters, gradients
-  and optimizer state are split across the ranks and gathered one layer at a time.
+- `shard(model, param_dtype)`: every decoder layer, then the root, becomes an FSDP unit:
+  parameters, gradients and optimizer state are split across the ranks and gathered one layer at
+  a time; with `param_dtype` (bf16) under `MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)`:
+  the gathered parameters and so the forward and backward run in bf16, gradients are reduced in
+  float32 into the float32 shards the optimizer steps (`training.precision`).
 - Every rank holds the whole batch. Micro-batches are planned on the whole mini-batch (the same
   plan on every rank) and each rank runs its rows of each (`rank_micro_batches`): every rank
   makes the same number of forward/backward calls, as FSDP's per-layer collectives need. A rank
@@ -44,14 +47,16 @@ def is_sharded() -> bool:
     return world()[1] > 1
 
 
-def shard(model: nn.Module) -> nn.Module:
+def shard(model: nn.Module, param_dtype: torch.dtype | None = None) -> nn.Module:
     """FSDP2 units: each decoder layer (`model.model.layers`, or the first `nn.ModuleList` of
-    blocks), then the root (embeddings, tied head); gradients summed across ranks."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    blocks), then the root (embeddings, tied head); gradients summed across ranks. `param_dtype`:
+    parameters gathered in it for the forward and backward, gradients reduced in float32."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     for block in _blocks(model):
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

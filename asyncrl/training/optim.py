@@ -14,12 +14,15 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+if TYPE_CHECKING:
+    from asyncrl.config.schema import ActorConfig
 
 SCHEDULES = ("constant", "cosine")
 
@@ -61,11 +64,19 @@ def lr_factor(step: int, schedule: LRSchedule) -> float:
     return max(0.0, math.cos(math.pi * progress) * (1 - low) / 2 + (1 + low) / 2)
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
+def actor_schedule(cfg: ActorConfig, total_steps: int) -> LRSchedule:
+    """The actor's LR schedule over a run of `total_steps` optimizer steps (0: unknown, which
+    only a constant schedule with warm-up in steps can do without)."""
+    assert total_steps > 0 or (cfg.lr_scheduler == "constant" and cfg.warmup_steps >= 0), \
+        "actor.lr_scheduler=cosine and actor.warmup_steps=-1 need the run's total optimizer steps"
+    return LRSchedule(warmup_steps=resolve_warmup(cfg.warmup_steps, cfg.warmup_ratio, total_steps),
+                      total_steps=total_steps, kind=cfg.lr_scheduler, min_lr_ratio=cfg.min_lr_ratio)
+
+
+def make_optimizer(trainable: list[nn.Parameter], lr: float, weight_decay: float, betas: tuple[float, float],
                    schedule: LRSchedule) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the trainable parameters only (LoRA: the adapters), with `schedule` stepped
-    once per optimizer step."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    """AdamW over `trainable` (the trainable parameters, LoRA: the adapters; or their float32
+    masters, `training.precision`), with `schedule` stepped once per optimizer step."""
     opt = adamw(trainable, lr=lr, weight_decay=weight_decay, betas=betas)
 
     def factor(step: int) -> float:  # a plain function: LambdaLR's state_dict then omits it

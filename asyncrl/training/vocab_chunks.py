@@ -7,7 +7,8 @@ labels, temperature)` never builds them: it walks the vocabulary in chunks of `c
 head, computes each chunk's logits in float32, folds them into per-token statistics and drops
 them; the backward recomputes each chunk's logits from the saved inputs and forms the gradients
 of the hidden states and the head weight chunk by chunk. Peak extra memory is a few (tokens x
-chunk) float32 buffers, chosen from a byte budget (`chunk_size`). This is the technique of
+chunk) float32 buffers, chosen from a byte budget (`chunk_size`, in the memory model
+`asyncrl.scheduling.micro_budget`, which sizes CUDA micro-batches with it). This is the technique of
 Liger Kernel's fused linear cross-entropy (Hsu et al. 2024, which computes the gradients in the
 forward instead) and of Apple's Cut Cross-Entropy (Wijmans et al. 2024, "Cut Your Losses in
 Large-Vocabulary Language Models", which recomputes in the backward as here), extended with the
@@ -56,31 +57,13 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from asyncrl.scheduling.micro_budget import HEAD_CHUNK_BYTES, chunk_size
+
 log = logging.getLogger(__name__)
 
-# Float32 (tokens x chunk) buffers alive at once: the chunk's logits and its probabilities, and in
-# the backward the matmul-dtype copy of the chunk's gradient.
-_BUFFERS = 3
-# The chunks' buffers never exceed this share of the full float32 logits, whatever the budget.
-_MAX_SHARE = 8
-_ALIGN = 128  # chunk rows: a multiple of this (matmul tiles), unless the vocabulary is smaller
-DEFAULT_BUDGET_BYTES = {"cuda": 512 << 20, "cpu": 16 << 20}
 # Below this vocabulary on the CPU the full logits are small: the head is a negligible part of a
 # step (both paths measured equal at vocabulary 128) and the full path keeps CPU runs as they were.
 CPU_MIN_VOCAB = 32768
-
-
-def chunk_size(tokens: int, vocab: int, budget_bytes: int, itemsize: int = 4) -> int:
-    """Head rows per chunk so that the chunk's `_BUFFERS` (tokens x chunk) buffers of `itemsize`
-    bytes fit `budget_bytes` and at most 1/`_MAX_SHARE` of the full logits; a multiple of 128.
-    Example: 512 tokens, vocabulary 151,936, 16 MiB, float32 -> 16 MiB / (3 x 512 x 4) = 2730
-    -> 2688 rows (57 chunks)."""
-    per_row = _BUFFERS * max(tokens, 1) * itemsize
-    budget = min(budget_bytes, max(tokens, 1) * vocab * itemsize // _MAX_SHARE)
-    rows = max(budget // per_row, 1)
-    if rows >= vocab:
-        return vocab
-    return max(rows // _ALIGN * _ALIGN, min(_ALIGN, vocab))
 
 
 def matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -205,7 +188,7 @@ def chunked_log_probs_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, te
     computed over chunks of the vocabulary (float32 math; float64 inputs stay float64).
 
     `hidden` (..., H), `weight` (V, H), `labels` (...) -> two (...) tensors. `chunk`: head rows
-    per chunk (0: from `budget_bytes`, 0: the device's `DEFAULT_BUDGET_BYTES`).
+    per chunk (0: from `budget_bytes`, 0: the device's `HEAD_CHUNK_BYTES`).
     Example: hidden [[1.0]], weight [[0], [ln 3]], label 1 -> logits [0, ln 3], p = [0.25, 0.75]:
     log-prob log 0.75 = -0.287682, entropy 0.562335 nats."""
     assert temperature > 0, f"temperature must be > 0, got {temperature}"
@@ -213,7 +196,7 @@ def chunked_log_probs_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, te
     mm = matmul_dtype(hidden, weight)
     flat_h, flat_y = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).long()
     if not chunk:
-        budget = budget_bytes or DEFAULT_BUDGET_BYTES.get(hidden.device.type, DEFAULT_BUDGET_BYTES["cuda"])
+        budget = budget_bytes or HEAD_CHUNK_BYTES.get(hidden.device.type, HEAD_CHUNK_BYTES["cuda"])
         chunk = chunk_size(flat_h.shape[0], weight.shape[0], budget, torch.finfo(_stats_dtype(mm)).bits // 8)
     logp, ent = _ChunkedHead.apply(flat_h, weight, bias, flat_y, temperature, chunk, mm)
     return logp.view(labels.shape), ent.view(labels.shape)

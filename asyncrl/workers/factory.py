@@ -87,19 +87,20 @@ def build_trainer_side(cfg: Config, plan: RunPlan, model: PreTrainedModel | None
     trains on `compute` if given (a compute thread, `asyncrl.compute`), else on its own thread."""
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
-    cast(nn.Module, model).to(cfg.trainer.device)  # in place: float32 master weights (model.dtype: compute)
-    dtype, pack = compute_dtype(cfg), cfg.model.use_remove_padding
+    cast(nn.Module, model).to(cfg.trainer.device)  # in place, float32: each worker applies its precision path
+    dtype, pack, mixed = compute_dtype(cfg), cfg.model.use_remove_padding, cfg.model.mixed_precision
     if pack:  # before the copies below: reference, critic and actor keep the chosen kernel
         use_packed_attention(model, cfg.model.packed_attention)
     ref = None
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, plan.log_prob_micro_batch_tokens,
-                        compute_dtype=dtype, use_remove_padding=pack)
+                        compute_dtype=dtype, use_remove_padding=pack, mixed_precision=mixed)
     critic = None
     if cfg.algorithm.adv_estimator == "gae":
         critic = Critic(model, cfg.critic, micro_batch_tokens=plan.micro_batch_tokens,
                         forward_micro_batch_tokens=plan.log_prob_micro_batch_tokens,
-                        loss_agg_mode=cfg.actor.loss_agg_mode, compute_dtype=dtype, use_remove_padding=pack)
+                        loss_agg_mode=cfg.actor.loss_agg_mode, compute_dtype=dtype, use_remove_padding=pack,
+                        mixed_precision=mixed)
         if cfg.model.enable_gradient_checkpointing:
             enable_gradient_checkpointing(critic.model.body)
     # Reference and critic copied the base model above; the actor trains it (LoRA: its adapters).
@@ -107,7 +108,8 @@ def build_trainer_side(cfg: Config, plan: RunPlan, model: PreTrainedModel | None
                                   log_prob_micro_batch_tokens=plan.log_prob_micro_batch_tokens)
     actor = Actor(prepare_actor_model(model, cfg.model), budgets, temperature=cfg.rollout.temperature or 1.0,
                   norm_length=cfg.data.max_response_length, total_steps=plan.optimizer_steps,
-                  compute_dtype=dtype, use_remove_padding=pack)
+                  compute_dtype=dtype, use_remove_padding=pack, mixed_precision=mixed)
+    assert actor.precision.path == plan.precision, (actor.precision.path, plan.precision)  # as the start line says
     trainer = PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
                          old_log_prob_source=plan.old_log_probs)
     if compute is not None:
@@ -116,6 +118,7 @@ def build_trainer_side(cfg: Config, plan: RunPlan, model: PreTrainedModel | None
 
 
 def compute_dtype(cfg: Config) -> torch.dtype:
-    """`model.dtype`: what forwards compute in (the trainer's autocast, the engines' weights);
-    the trainer's master weights and optimizer state stay float32."""
+    """`model.dtype`: what forwards compute in (the trainer's bf16 parameters or autocast,
+    `model.mixed_precision`; the engines' weights); the trainer's master weights and optimizer
+    state stay float32."""
     return getattr(torch, cfg.model.dtype)

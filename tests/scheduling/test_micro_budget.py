@@ -1,5 +1,6 @@
 """Micro-batch budgets: the memory model against hand-computed numbers (Qwen2-0.5B's shape), the
-derived budget on CUDA, and the plan's precedence (our key, else derived; forward-only twice the
+derived budget on CUDA (the precision path and the head over vocabulary chunks as the plan
+resolves them), and the plan's precedence (our key, else derived; forward-only twice the
 training budget). Integers throughout, so the checks are exact."""
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from asyncrl.scheduling.micro_budget import (
     TrainerDevice,
     TrainerLoad,
     activation_bytes_per_token,
+    chunk_size,
     cuda_micro_batch_tokens,
+    load_bytes_per_token,
     micro_batch_budgets,
     model_state_bytes,
 )
@@ -60,6 +63,26 @@ def test_model_state_bytes_by_hand():
         (16 + 4 + 16) * p // 2
     assert model_state_bytes(QWEN2_05B, TrainerLoad(compute_bytes=2, lora_rank=8)) == \
         4 * p + 16 * QWEN2_05B.lora_params(8) + 2 * p
+    # the same bytes on the bf16-parameter path (working copy for casts); its reference is bf16 alone
+    assert model_state_bytes(QWEN2_05B, TrainerLoad(compute_bytes=2, precision="param_dtype")) == 18 * p
+    assert model_state_bytes(QWEN2_05B, TrainerLoad(compute_bytes=2, precision="param_dtype", reference=True)) == \
+        (16 + 2) * p + 2 * p
+    assert model_state_bytes(QWEN2_05B, TrainerLoad(compute_bytes=2, reference=True)) == (16 + 4) * p + 2 * p
+
+
+def test_the_chunk_width_and_the_bytes_per_token_of_each_path_by_hand():
+    # 16,543 tokens: 512 MiB / (3 x 16,543 x 4) = 2,704.4 rows -> 2,688 (a multiple of 128)
+    assert chunk_size(16_543, 151_936, 512 << 20) == 2_688
+    assert chunk_size(512, 151_936, 16 << 20) == 2_688  # 16 MiB / (3 x 512 x 4) = 2,730
+    # param_dtype: bf16 residual, norm 896 x (2 + 4 + 2) = 7,168; a layer 2 x 7,168 + 8,192 + 38,912 = 61,440
+    bf16 = TrainerLoad(compute_bytes=2, precision="param_dtype", chunked_head=True)
+    assert load_bytes_per_token(QWEN2_05B, bf16, None) == 25 * 61_440 + 7_168 == 1_543_168
+    assert load_bytes_per_token(QWEN2_05B, bf16, 16_543) == 1_543_168 + 3 * 4 * 2_688 == 1_575_424
+    # autocast over the full logits: today's 2,546,176, whatever the tokens
+    assert load_bytes_per_token(QWEN2_05B, TrainerLoad(compute_bytes=2), 16_543) == 2_546_176
+    # autocast, chunked: float32 residual layers (65,024) and the chunk's float32 buffers
+    assert load_bytes_per_token(QWEN2_05B, TrainerLoad(compute_bytes=2, chunked_head=True), None) == \
+        25 * 65_024 + 8_960 == 1_634_560
 
 
 @pytest.mark.parametrize("share, checkpointing, tokens", [
@@ -72,6 +95,18 @@ def test_the_cuda_budget_by_hand(share, checkpointing, tokens):
     assert cuda_micro_batch_tokens(H100, share, TrainerLoad(compute_bytes=2, checkpointing=checkpointing)) == tokens
 
 
+@pytest.mark.parametrize("load, tokens", [
+    # 25,528,709,939 B usable (as above): / 1,543,168 = 16,543 tokens, chunk 2,688, / 1,575,424 = 16,204
+    (TrainerLoad(compute_bytes=2, precision="param_dtype", chunked_head=True), 15_360),
+    # / 1,634,560 = 15,618, chunk 2,816: / (1,634,560 + 12 x 2,816) = 15,301
+    (TrainerLoad(compute_bytes=2, chunked_head=True), 14_336),
+    # full logits: / (25 x 61,440 + 7,168 + 3 x 2 x 151,936 = 2,454,784) = 10,399
+    (TrainerLoad(compute_bytes=2, precision="param_dtype"), 10_240),
+])
+def test_the_cuda_budget_follows_the_precision_path_and_the_head(load, tokens):
+    assert cuda_micro_batch_tokens(H100, 0.5, load) == tokens
+
+
 def test_budgets_precedence():
     assert micro_batch_budgets(0, 0, 9216) == (9216, 18432)
     assert micro_batch_budgets(4096, 0, 9216) == (4096, 8192)
@@ -82,12 +117,17 @@ def test_budgets_precedence():
     ([], "cpu", (8192, 16384), "default"),
     (["actor.ppo_micro_batch_tokens=4096"], "cpu", (4096, 8192), "set"),
     (["actor.log_prob_micro_batch_tokens=1000"], "cpu", (8192, 1000), "default"),
-    (["trainer.device=cuda", "model.dtype=bfloat16"], None, (9216, 18432), "sized: 40.0 GiB left to the trainer"),
-    (["trainer.device=cuda", "model.dtype=bfloat16", "pipeline=one_step_off"], None, (9216, 18432), "sized: 40.0"),
-    (["trainer.device=cuda", "model.dtype=bfloat16", "pipeline=one_step_off", "backend=ray"], None, (22528, 45056),
+    # CUDA's defaults: bf16 parameters over float32 masters, the head over vocabulary chunks
+    (["trainer.device=cuda", "model.dtype=bfloat16"], None, (15360, 30720),
+     "sized: 40.0 GiB left to the trainer, 1.50 MiB per token"),  # 1,575,424 B
+    (["trainer.device=cuda", "model.dtype=bfloat16", "model.mixed_precision=autocast"], None, (14336, 28672),
+     "sized: 40.0"),
+    (["trainer.device=cuda", "model.dtype=bfloat16", "pipeline=one_step_off"], None, (15360, 30720), "sized: 40.0"),
+    (["trainer.device=cuda", "model.dtype=bfloat16", "pipeline=one_step_off", "backend=ray"], None, (37888, 75776),
      "sized: 80.0 GiB"),  # Ray gives each side of a decoupled run its own GPUs
+    # checkpointing: 24 x 896 x 2 + 2 x 61,440 + 7,168 = 173,056 B a token before the head's buffers
     (["trainer.device=cuda", "model.dtype=bfloat16", "model.enable_gradient_checkpointing=true"], None,
-     (21504, 43008), "sized"),
+     (144384, 288768), "sized"),
     (["trainer.device=cuda", "actor.ppo_micro_batch_tokens=2048"], None, (2048, 4096), "set"),
 ])
 def test_the_plan_holds_the_resolved_budgets(overrides, device, budgets, basis):

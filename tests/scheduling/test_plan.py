@@ -8,16 +8,31 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.scheduling.old_log_probs import old_log_prob_source
 from asyncrl.scheduling.plan import RunPlan, plan_run
+from asyncrl.scheduling.precision_path import describe
 
 
 def test_colocated_defaults():
     plan = plan_run(load_config(None, []))
     assert plan == RunPlan("colocated", prompts_per_update=32, total_prompts=1920, updates=60, mini_batches=2,
                            optimizer_steps=120, updates_per_sync=1, prompts_per_version=32, old_log_probs="rollout",
-                           micro_batch_tokens=8192, log_prob_micro_batch_tokens=16384, micro_batch_basis="default")
+                           micro_batch_tokens=8192, log_prob_micro_batch_tokens=16384, micro_batch_basis="default",
+                           precision="float32")
     assert plan.line() == ("plan: colocated, 1920 prompts = 60 updates x 32, 2 mini-batch(es) per update, "
                            "120 optimizer steps, old log-probs: rollout, micro-batches of 8192 tokens (default), "
-                           "16384 forward-only")
+                           "16384 forward-only, precision float32")
+
+
+@pytest.mark.parametrize(("overrides", "device", "path"), [
+    ([], "cuda", "float32"),
+    (["model.dtype=bfloat16"], "cuda", "param_dtype"),  # auto on CUDA: FSDP2's policy
+    (["model.dtype=bfloat16"], "cpu", "autocast"),  # auto on the CPU: as before
+    (["model.dtype=bfloat16", "model.mixed_precision=param_dtype"], "cpu", "param_dtype"),
+    (["model.dtype=bfloat16", "model.mixed_precision=autocast"], "cuda", "autocast"),
+])
+def test_the_precision_path_is_resolved_once_and_named_in_the_start_line(overrides, device, path):
+    plan = plan_run(load_config(None, overrides), device)
+    assert plan.precision == path
+    assert plan.line().endswith(f"forward-only, precision {describe(path)}")
 
 
 def test_epochs_and_stream_trainer_steps():

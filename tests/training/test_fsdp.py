@@ -1,6 +1,8 @@
 """FSDP2 data parallelism: an actor on 2 CPU ranks (gloo) trains, computes log-probs, streams
 gradients and checkpoints exactly as the single-process actor does on the same batch, with
-padded or packed (`use_remove_padding`) micro-batches.
+padded or packed (`use_remove_padding`) micro-batches; and under `model.mixed_precision=param_dtype`
+(FSDP2's `MixedPrecisionPolicy`) the layers compute in bf16 over float32 shards, within bf16
+rounding of the single-process bf16-parameter step.
 
 The ranks run in spawned processes; rank 0 writes what it sees to a file, the test compares it
 with a single-process actor here, which follows the ranks step by step (each of its steps starts
@@ -29,7 +31,17 @@ from asyncrl.training import fsdp
 from asyncrl.training.actor import Actor, response_log_probs
 from asyncrl.training.batch import TrainBatch, build_batch, micro_batches, split_rows
 from asyncrl.training.lora import apply_lora
-from tests.tolerances import Lockstep, StepRecord, assert_same_steps, clip_error, state_dicts
+from tests.tolerances import (
+    Lockstep,
+    StepRecord,
+    adamw_weight_bound,
+    assert_same_steps,
+    assert_within,
+    clip_error,
+    eps_of,
+    full,
+    state_dicts,
+)
 from tests.training.helpers import gradient_terms, make_ragged_groups, tiny_lm
 
 WORLD = 2
@@ -121,12 +133,31 @@ def _rank_main(rank: int, port: int, batch: TrainBatch, tmp: Path) -> None:
         out["loaded"] = copied(resumed.named_weights())
         resumed.train_step(batch, num_mini_batches=2)
         out["resumed"] = resumed.named_weights()
+        out["bf16"] = bf16_step(batch)
         with pytest.raises(AssertionError, match="LoRA with FSDP"):
             Actor(apply_lora(tiny_lm(), 4, 8, ("q_proj",)), ActorConfig(), temperature=1.0, norm_length=4)
         if rank == 0:
             torch.save(out, tmp / "rank0.pt")
     finally:
         dist.destroy_process_group()
+
+
+def bf16_step(batch: TrainBatch) -> dict[str, Any]:
+    """One step of a "param_dtype" actor (sharded or not): the dtypes its linear layers saw, of
+    its parameters and AdamW state, and its float32 weights and gradients before and after."""
+    model = tiny_lm()
+    actor = Actor(model, actor_config("token-mean"), temperature=1.0, norm_length=4, compute_dtype=torch.bfloat16,
+                  mixed_precision="param_dtype")
+    seen: set[torch.dtype] = set()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.register_forward_pre_hook(lambda mod, args: seen.update({mod.weight.dtype, args[0].dtype}))
+    masters = actor._trainable()  # the optimizer's: FSDP2 may leave the root's gathered bf16 ones in place
+    before = [full(p).detach().clone() for p in masters]
+    actor.train_step(batch, num_mini_batches=1)
+    state = {s["exp_avg"].dtype for s in actor.optimizer.state.values()}
+    return {"seen": seen, "masters": {p.dtype for p in masters}, "state": state, "before": before,
+            "grads": [full(p.grad) for p in masters], "after": [full(p).detach() for p in masters]}
 
 
 def free_port() -> int:
@@ -241,3 +272,17 @@ def test_sharded_checkpoint_round_trips(runs):
     lockstep(actor, "stream", loaded, sharded["locks"], offset=1)  # the ranks' steps after the save
     actor.train_step(prepared_batch(), num_mini_batches=2)
     assert_same_steps_as_ranks(lead, loaded["locks"]["stream"].steps, "token-mean", tokens_S)
+
+
+def test_sharded_bf16_parameters_step_within_bf16_rounding_of_one_process(runs):
+    """FSDP2's policy: bf16 layers over float32 shards and AdamW state; the step within the
+    bf16 rounding bound of tests/training/test_mixed_precision.py of the one-process path."""
+    from tests.training.test_mixed_precision import STAGES
+
+    sharded, single = runs[0]["bf16"], bf16_step(prepared_batch())
+    assert sharded["seen"] == {torch.bfloat16} and sharded["masters"] == sharded["state"] == {torch.float32}
+    for w0, g, w, got_g, got_w in zip(single["before"], single["grads"], single["after"], sharded["grads"],
+                                      sharded["after"], strict=True):
+        error = 2 * STAGES * eps_of(torch.bfloat16) * float(g.abs().max())
+        assert_within(got_g, g, error, "gradients")
+        assert_within(got_w, w, adamw_weight_bound(w0, g, error, LR), "weights")

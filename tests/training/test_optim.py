@@ -38,7 +38,7 @@ def assert_same_weights(got: torch.nn.Module, want: torch.nn.Module, steps: rang
 
 def test_fused_adamw_steps_like_the_for_loop_one_and_loads_its_checkpoint():
     fused_model, plain_model = tiny_lm(), tiny_lm()
-    fused, _ = make_optimizer(fused_model, LR, WEIGHT_DECAY, BETAS, LRSchedule())
+    fused, _ = make_optimizer(list(fused_model.parameters()), LR, WEIGHT_DECAY, BETAS, LRSchedule())
     assert fused.defaults["fused"]  # CPU has the fused kernel since torch 2.4
     plain = torch.optim.AdamW(plain_model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, betas=BETAS, foreach=False)
     steps(fused, fused_model, 3)
@@ -48,7 +48,7 @@ def test_fused_adamw_steps_like_the_for_loop_one_and_loads_its_checkpoint():
     assert fused.state_dict()["state"][0].keys() == plain.state_dict()["state"][0].keys()
     resumed_model = tiny_lm(seed=1)
     resumed_model.load_state_dict(plain_model.state_dict())
-    resumed, _ = make_optimizer(resumed_model, LR, WEIGHT_DECAY, BETAS, LRSchedule())
+    resumed, _ = make_optimizer(list(resumed_model.parameters()), LR, WEIGHT_DECAY, BETAS, LRSchedule())
     resumed.load_state_dict(copy.deepcopy(plain.state_dict()))  # as from a file: no shared step tensors
     steps(resumed, resumed_model, 2)
     steps(plain, plain_model, 2)

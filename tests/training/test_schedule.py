@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from asyncrl.config.schema import ActorConfig
-from asyncrl.training.actor import Actor, actor_schedule
-from asyncrl.training.optim import LRSchedule, lr_factor, resolve_warmup
+from asyncrl.training.actor import Actor
+from asyncrl.training.optim import LRSchedule, actor_schedule, lr_factor, resolve_warmup
 from tests.training.helpers import make_groups, tiny_lm
 from tests.training.test_actor import prepared_batch
 

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from asyncrl.config.schema import ActorConfig
+from asyncrl.scheduling.micro_budget import chunk_size
 from asyncrl.training import actor as actor_module
 from asyncrl.training.actor import Actor, RefWorker, response_logits
 from asyncrl.training.batch import build_batch
@@ -44,7 +45,6 @@ from asyncrl.training.vocab_chunks import (
     CPU_MIN_VOCAB,
     HeadChoice,
     choose_head,
-    chunk_size,
     chunked_log_probs_entropy,
 )
 from tests.tolerances import Lockstep, assert_same_steps, assert_within, eps_of, sum_error
