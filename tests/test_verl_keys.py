@@ -363,3 +363,12 @@ def test_config_prints_every_key_with_its_doc(capsys: pytest.CaptureFixture[str]
 def test_verls_overlong_prompt_keys_map() -> None:
     cfg = load_config(None, ["data.filter_overlong_prompts=False", "data.truncation=left"])
     assert (cfg.data.filter_overlong_prompts, cfg.data.truncation) == (False, "left")
+
+
+def test_validation_sampling_keys_map_and_reach_the_requests() -> None:
+    from asyncrl.workers.rollout import RequestBuilder
+
+    val = "actor_rollout_ref.rollout.val_kwargs"
+    cfg = load_config(None, [f"{val}.top_p=0.7", f"{val}.top_k=0", f"{val}.temperature=0.6"])
+    params = RequestBuilder(cfg.rollout, max_tokens=8, seed=0).sampling_params("val")
+    assert (params.temperature, params.top_p, params.top_k) == (0.6, 0.7, -1)

@@ -2,7 +2,7 @@
 
 Request ids are `{uid}/{i}` and per-request seeds derive from (run seed, request id), so a run
 and its resumed continuation sample the same tokens. Sampling follows the mode: training
-samples at rollout.temperature/top_p/top_k, validation at rollout.val_temperature, the greedy
+samples at rollout.temperature/top_p/top_k, validation at rollout.val_temperature/val_top_p/val_top_k, the greedy
 baseline (ReMax) at temperature 0.
 """
 
@@ -22,13 +22,15 @@ class RequestBuilder:
         self.seed = seed
 
     def sampling_params(self, mode: Mode = "train", request_seed: int | None = None) -> SamplingParams:
-        """train: rollout.temperature/top_p/top_k; val: rollout.val_temperature; greedy: argmax."""
+        """train: rollout.temperature/top_p/top_k; val: rollout.val_temperature/val_top_p/val_top_k; greedy: argmax."""
         if mode == "train":
             return SamplingParams(max_tokens=self.max_tokens, temperature=self.cfg.temperature,
                                   top_p=self.cfg.top_p, top_k=self.cfg.top_k, seed=request_seed,
                                   ignore_eos=self.cfg.ignore_eos)
-        temperature = self.cfg.val_temperature if mode == "val" else 0.0
-        return SamplingParams(max_tokens=self.max_tokens, temperature=temperature, seed=request_seed)
+        if mode == "val":
+            return SamplingParams(max_tokens=self.max_tokens, temperature=self.cfg.val_temperature,
+                                  top_p=self.cfg.val_top_p, top_k=self.cfg.val_top_k, seed=request_seed)
+        return SamplingParams(max_tokens=self.max_tokens, temperature=0.0, seed=request_seed)
 
     def request_seed(self, request_id: str) -> int:
         return zlib.crc32(f"{self.seed}:{request_id}".encode())
