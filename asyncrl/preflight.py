@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from asyncrl.config.schema import Config, DataConfig, RewardConfig
 from asyncrl.data.dataset import SUPPORTED_SUFFIXES, check_prompt_lengths, load_rows
+from asyncrl.data.tokenization import template_kwargs
 from asyncrl.errors import ConfigError
 from asyncrl.models.loading import check_model_path, local_tokenizer_dir
 from asyncrl.rewards import check_signature
@@ -127,7 +128,8 @@ def check_prompt_fit(cfg: Config, files: Sequence[DataFile], log: Log) -> None:
     d = cfg.data
     if not files:
         return
-    counter = _prompt_length_counter(cfg.model.path, d.chat_template) if d.filter_overlong_prompts else None
+    counter = (_prompt_length_counter(cfg.model.path, d.chat_template, template_kwargs(d.chat_template_kwargs))
+               if d.filter_overlong_prompts else None)
     n_train = 0
     for f in files:
         dropped = _count_dropped(counter, f, d.max_prompt_length, log) if counter else 0
@@ -170,7 +172,8 @@ def check_rewards(reward: RewardConfig, files: Sequence[DataFile]) -> None:
 # ---- prompt lengths without transformers ------------------------------------------------------
 
 
-def _prompt_length_counter(model_path: str, chat_template: str) -> LengthCounter | None:
+def _prompt_length_counter(model_path: str, chat_template: str,
+                           extra: dict[str, Any] | None = None) -> LengthCounter | None:
     """Tokens per templated prompt, counted as `tokenization.encode_messages` does (render the chat
     template, encode without adding special tokens), with the `tokenizers` library and jinja2
     directly: importing transformers alone takes longer than all of preflight. None when this
@@ -197,7 +200,7 @@ def _prompt_length_counter(model_path: str, chat_template: str) -> LengthCounter
         try:
             template = env.from_string(template_text)
             texts = [r.text or template.render(messages=[dict(m) for m in r.messages], add_generation_prompt=True,
-                                               **specials) for r in rows]
+                                               **specials, **(extra or {})) for r in rows]
         except Exception:  # a template using transformers-only extensions: leave it to the loader
             return None
         return [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]

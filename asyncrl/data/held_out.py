@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.data.dataset import fit_prompts, load_rows
 from asyncrl.data.tasks import make_task
-from asyncrl.data.tokenization import tokenize_rows
+from asyncrl.data.tokenization import template_kwargs, tokenize_rows
 from asyncrl.types import PromptRow
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ def val_rows(d: DataConfig, seed: int, tok: Any, log: Callable[[str], None]) -> 
 def prompt_rows(raw: Sequence[PromptRow], d: DataConfig, tok: Any, source: str,
                 log: Callable[[str], None]) -> list[PromptRow]:
     """`raw` tokenized, within data.max_prompt_length (the longer dropped or cut, counted, naming the keys)."""
-    tokenized, _ = tokenize_rows(raw, tok, sys.maxsize, chat_template=d.chat_template or None)
+    tokenized, _ = tokenize_rows(raw, tok, sys.maxsize, chat_template=d.chat_template or None,
+                                 template_kwargs=template_kwargs(d.chat_template_kwargs))
     return fit_prompts(tokenized, d.max_prompt_length, source, log, filter_overlong=d.filter_overlong_prompts,
                        truncation=d.truncation)

@@ -217,3 +217,25 @@ def test_raw_text_is_tokenized_without_the_chat_template() -> None:
 
     kept, dropped = tokenize_rows([PromptRow("u", "x", (), "", text="ab")], Tok(), 8)
     assert (kept[0].prompt_ids, dropped) == ((97, 98), 0)
+
+
+def test_chat_template_kwargs_reach_the_template_and_verls_spelling_maps() -> None:
+    from asyncrl.config import load_config
+    from asyncrl.data.tokenization import template_kwargs, tokenize_rows
+
+    cfg = load_config(None, ["+data.apply_chat_template_kwargs.enable_thinking=False"])
+    assert cfg.data.chat_template_kwargs == ("enable_thinking=false",)
+    assert template_kwargs(cfg.data.chat_template_kwargs) == {"enable_thinking": False}
+
+    class Tok:
+        chat_template = "t"
+
+        def apply_chat_template(self, messages: list, chat_template: str, add_generation_prompt: bool,
+                                tokenize: bool, **kwargs: Any) -> list[int]:
+            return [1] if kwargs.get("enable_thinking") is False else [1, 2]  # Qwen3: no thinking block
+
+    row = PromptRow("u", "x", ({"role": "user", "content": "hi"},), "")
+    kept, _ = tokenize_rows([row], Tok(), 8, template_kwargs={"enable_thinking": False})
+    assert kept[0].prompt_ids == (1,)
+    with pytest.raises(ConfigError, match=r"data.chat_template_kwargs: 'thinking' must look like name=value"):
+        template_kwargs(("thinking",))
