@@ -43,7 +43,7 @@ def test_an_update_at_the_sized_budget_stays_within_the_memory_model():
     assert budget == 4096  # (24 GiB - 8,891,301,888 - 2 GiB) x 0.8 / 2,546,176 = 4,628
     actor = Actor(model, ActorConfig(ppo_micro_batch_tokens=budget, log_prob_micro_batch_tokens=2 * budget,
                                      lr=1e-6, warmup_steps=0), temperature=1.0, norm_length=448,
-                  compute_dtype=torch.bfloat16)
+                  compute_dtype=torch.bfloat16, mixed_precision="autocast")  # the path this load models
     batch = prepared_batch(model, groups_of_lengths([64, 64], [[448] * 4, [448] * 4]), actor)  # 8 x 512 tokens
     actor.train_step(batch, num_mini_batches=1)  # the optimizer's state exists from here on
     torch.cuda.synchronize()

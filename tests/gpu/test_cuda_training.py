@@ -30,7 +30,9 @@ def test_actor_trains_on_cuda_in_bf16_with_float32_masters():
     for _ in range(3):
         metrics = actor.train_step(batch, num_mini_batches=1)
     assert all(math.isfinite(v) for v in metrics.values())
-    assert all(p.dtype == torch.float32 and p.is_cuda for p in model.parameters())
+    assert actor.precision.path == "param_dtype"  # CUDA's default: bf16 parameters over float32 masters
+    assert all(p.dtype == torch.bfloat16 and p.is_cuda for p in model.parameters())
+    assert all(m.dtype == torch.float32 and m.is_cuda for m in actor.weights.masters)
     assert any(not torch.equal(before[k], v) for k, v in model.named_parameters())
     assert all(t.dtype == torch.bfloat16 and t.is_cuda for t in actor.named_weights().values())
 
