@@ -10,7 +10,8 @@ into a run, as tracebacks, into one `ConfigError`/`DataError` line naming the ke
   its disk is not full (a warning under 1 GiB free);
 - every `data.train_files`/`data.val_files` exists, has a supported suffix and only well-formed
   rows (the loader's own checks, `asyncrl.data.dataset.load_rows`);
-- `model.path` is a built-in model or a directory with a config, weights and a tokenizer;
+- `model.path` is a built-in model or a directory with a config, weights and a tokenizer, and a
+  prompt plus its response fit its positions;
 - `data.max_prompt_length` keeps the prompts (counted with the model's `tokenizer.json` and chat
   template, the same way the loader tokenizes them), and enough of them for one batch;
 - the reward function resolves: `reward.custom_function`, else the built-in scorer of every
@@ -35,7 +36,7 @@ from asyncrl.config.schema import Config, DataConfig, RewardConfig
 from asyncrl.data.dataset import SUPPORTED_SUFFIXES, check_prompt_lengths, load_rows
 from asyncrl.data.tokenization import template_kwargs
 from asyncrl.errors import ConfigError
-from asyncrl.models.loading import check_model_path, local_tokenizer_dir
+from asyncrl.models.loading import check_model_path, local_tokenizer_dir, model_positions
 from asyncrl.rewards import check_signature
 from asyncrl.rewards.batch_functions import resolve as resolve_batch_function
 from asyncrl.rewards.registry import load_custom_function, resolve_reward_fn
@@ -66,6 +67,7 @@ def preflight(cfg: Config, log: Log, runs_root: Path) -> None:
     check_output_dir(cfg.trainer.output_dir, runs_root, log)
     check_device(cfg.trainer.device)
     check_model_path(cfg.model.path)
+    check_positions(cfg)
     files = check_data_files(cfg.data)
     check_prompt_fit(cfg, files, log)
     check_rewards(cfg.reward, files)
@@ -79,6 +81,17 @@ def check_device(device: str) -> None:
         build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a build without CUDA")
         raise ConfigError(f"trainer.device=cuda but torch sees no CUDA device ({build}): "
                           "set trainer.device=cpu, or run where a GPU and a CUDA build of torch are")
+
+
+def check_positions(cfg: Config) -> None:
+    """A prompt and its response fit the model's positions (`max_position_embeddings`, or the
+    `model.max_position_embeddings` override), where its saved config says how many it has."""
+    positions = cfg.model.max_position_embeddings or model_positions(cfg.model.path)
+    need = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if positions is not None and need > positions:
+        raise ConfigError(f"data.max_prompt_length + data.max_response_length = {need} > the {positions} positions of "
+                          f"model.path={cfg.model.path}: lower them, or raise model.max_position_embeddings "
+                          f"(verl's override_config.max_position_embeddings) for a model that extrapolates")
 
 
 def check_output_dir(output_dir: str, runs_root: Path, log: Log) -> None:

@@ -222,3 +222,13 @@ def test_unknown_data_source_in_the_data(tmp_path: Path) -> None:
 def test_cuda_without_a_gpu_names_the_key() -> None:
     with pytest.raises(ConfigError, match=r"^trainer.device=cuda but torch sees no CUDA device"):
         P.preflight(load_config(None, ["trainer.device=cuda"]), print, RUNS_ROOT)
+
+
+def test_a_prompt_and_response_past_the_models_positions_names_the_keys(tmp_path: Path) -> None:
+    model = char_model_dir(tmp_path)
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
+    too_long = [f"model.path={model}", "data.max_response_length=100"]
+    with pytest.raises(ConfigError, match=r"^data.max_prompt_length \+ data.max_response_length = 164 > the 128 "
+                                          r"positions of model.path=.*: lower them, or raise model.max_position_emb"):
+        run(too_long)
+    run([*too_long, "actor_rollout_ref.model.override_config.max_position_embeddings=256"])  # verl's override

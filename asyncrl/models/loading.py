@@ -12,6 +12,7 @@ model is actually loaded (and huggingface_hub only to look an id up in the cache
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 from collections.abc import Callable
@@ -51,9 +52,20 @@ def load_model(cfg: ModelConfig, log: Callable[[str], None] = print
     else:
         model, tok = _load_dir(cfg.path)
     model = model.float().eval()
+    if cfg.max_position_embeddings:  # verl's override_config: a model used past its trained length
+        model.config.max_position_embeddings = cfg.max_position_embeddings
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok
+
+
+def model_positions(path: str) -> int | None:
+    """`max_position_embeddings` of the model's saved config (a directory or a cached built-in), if it says."""
+    where = cache_dir() / path if path in BUILTIN else resolve_model_path(path)
+    try:
+        return int(json.loads((where / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def check_model_path(path: str) -> None:
