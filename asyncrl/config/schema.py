@@ -24,6 +24,7 @@ from asyncrl.config.long_tail import (
 from asyncrl.config.names import (
     AdvEstimatorName,
     Backend,
+    DecodeAttention,
     Device,
     Dtype,
     Engine,
@@ -114,7 +115,9 @@ class RolloutConfig:
     gpu_memory_utilization: float = knob(0.5, "in (0, 1]")
     """CUDA: share of the GPU's memory the engine may use (weights + KV cache + activations), as vLLM's."""
     cuda_graphs: bool = True
-    """CUDA: decode replayed from CUDA graphs, one per (batch bucket, attention length), over a static KV cache."""
+    """CUDA: decode replayed from CUDA graphs over a static KV cache, one per batch bucket (and length: matmul)."""
+    decode_attention: DecodeAttention = "auto"
+    """Decode attention: triton = split-KV kernel over each row's own length (auto: on CUDA); matmul = padded."""
     fused_decode: FusedDecode = "auto"
     """Decode step with merged projections and fused Triton norm/rotary/SiLU kernels (auto: on CUDA; off on CPU)."""
     packed_prefill: PackedPrefill = "auto"

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asyncrl.errors import RolloutError
+from asyncrl.rollout.attention import DecodeAttentionPath, StepAttention
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.merged import MergedLayer, merge_layer
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, causal_attention, packed_attention
@@ -128,26 +129,6 @@ def _rms_norm(norm: _RMSNorm, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
-def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool mask → 0 / -inf once per step (SDPA would otherwise convert it in every layer)."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-        ~allowed, float("-inf")
-    )
-
-
-def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-            scale: float) -> torch.Tensor:
-    """Decode attention as two batched matmuls over head-major cache views.
-
-    q: (B, Hkv, G, D); keys/values: (B, Hkv, L, D) with contiguous rows; mask: (B, 1, 1, L)
-    additive. Returns (B, Hkv, G, D). On CPU this is ~3x faster than SDPA, whose kernels fall
-    back to a generic path for a masked, strided cache view. Softmax runs in float32, as HF's.
-    """
-    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(scale).add_(mask)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-    return torch.matmul(probs, values)
-
-
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: (B, T, H, D); cos/sin: (B, T, 1, D). Same formula as HF's apply_rotary_pos_emb."""
     return (x * cos) + (_rotate_half(x) * sin)
@@ -156,7 +137,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 class BatchedForward:
     """Prefill and decode steps over a batch of sequences living in cache slots."""
 
-    def __init__(self, model: nn.Module, *, fused: bool = False) -> None:
+    def __init__(self, model: nn.Module, *, fused: bool = False, attention: DecodeAttentionPath = "matmul") -> None:
         check_supported(model)
         lm = cast(_CausalLM, model)
         config = lm.config
@@ -172,6 +153,8 @@ class BatchedForward:
         self.hidden_size: int = config.hidden_size
         self.intermediate_size: int = config.intermediate_size
         self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
+        self.attention: DecodeAttentionPath = attention
+        """Decode attention: "matmul" to a padded length, "triton" over each row's own (`asyncrl.rollout.attention`)."""
         self.fused = fused
         """Decode through the fused step (merged projections, `asyncrl.rollout.kernels`); False:
         through HF's modules. Prefill takes HF's modules either way (their weights are the merged
@@ -254,35 +237,30 @@ class BatchedForward:
 
     def decode(
         self, cache: SlotKVCache, token_ids: torch.Tensor, positions: torch.Tensor, length: int | None = None,
-        out: torch.Tensor | None = None,
+        out: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One token per row; row i lives in slot i and its token sits at `positions[i]`.
 
         token_ids, positions: (B,) int64. Returns logits (B, V) in float32, written into `out`
-        when given. Attention reads the first `length` cached positions (default: up to the
+        when given. Attention (`self.attention`, see `asyncrl.rollout.attention.StepAttention`):
+        matmul reads the first `length` cached positions of every row (default: up to the
         furthest row, read from the device; a length given by the host, as CUDA graphs need,
-        keeps every shape static and reads no tensor on the host). Every position < `length`
-        must lie inside the cache.
+        keeps every shape static and reads no tensor on the host; every position < `length`
+        must lie inside the cache); triton reads `lengths[i]` positions of row i (default:
+        positions + 1; 0 for a padding row, which reads nothing), with no host read either way.
         """
         b = token_ids.shape[0]
-        length = int(positions.max()) + 1 if length is None else length
+        attend = StepAttention(self.attention, cache, positions, heads=self.num_heads, scale=self.scaling,
+                               lengths=lengths, length=length)
         rows = torch.arange(b, device=token_ids.device)
         h = self.base.embed_tokens(token_ids)  # (B, hidden)
         cos, sin = self.base.rotary_emb(h, positions[:, None])  # (B, 1, D)
         cos, sin = cos[:, 0], sin[:, 0]
-        # (B, 1, 1, L): each row sees its own keys 0..position; the rest of the view is padding.
-        allowed = torch.arange(length, device=h.device)[None] <= positions[:, None]
-        mask = _additive_mask(allowed[:, None, None], h.dtype)
         delta: torch.Tensor | None = None
         for i, layer in enumerate(self.layers):
             x, h = self._add_norm(layer.input_layernorm, delta, h)
             q = self._decode_qkv(i, x, cos, sin, cache, rows, positions)
-            keys, values = cache.keys[i], cache.values[i]
-            # Grouped-query trick: the G query heads sharing a KV head become G query rows of
-            # that head (same mask), so no repeat_interleave copy of the cache is needed.
-            attended = _attend(q.view(b, self.kv_heads, self.groups, self.head_dim),
-                               keys[:b, :, :length], values[:b, :, :length], mask, self.scaling)
-            o = layer.self_attn.o_proj(attended.reshape(b, self.num_heads * self.head_dim))
+            o = layer.self_attn.o_proj(attend(q, i))
             x, h = self._add_norm(layer.post_attention_layernorm, o, h)
             delta = self._decode_mlp(i, x)
         return self._head(self._add_norm(self.base.norm, delta, h)[0], out)

@@ -30,6 +30,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from asyncrl.errors import RolloutError
+from asyncrl.rollout.attention import DecodeAttentionPath
 from asyncrl.rollout.forward import LENGTH_DEPENDENT_ROPE, BatchedForward, fast_path_problem
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.settings import ForwardChoice
@@ -58,14 +59,14 @@ class StepForward(Protocol):
                 first_slot: int) -> torch.Tensor: ...
 
 
-def build_forward(model: nn.Module, choice: ForwardChoice = "auto", *,
+def build_forward(model: nn.Module, choice: ForwardChoice = "auto", *, attention: DecodeAttentionPath = "matmul",
                   fused: bool = False) -> tuple[StepForward, str | None]:
-    """(forward, why the fast path was not taken or None): the fast forward (the fused decode step
-    when `fused`) when it reproduces `model` exactly, else (or when `choice` is "generic":
-    benchmarks, debugging) a `GenericForward`."""
+    """(forward, why the fast path was not taken or None): the fast forward (decode attention by
+    `attention`, the fused decode step when `fused`) when it reproduces `model` exactly, else (or
+    when `choice` is "generic": benchmarks, debugging) a `GenericForward`."""
     problem = "forward='generic' was asked for" if choice == "generic" else fast_path_problem(model)
     if problem is None:
-        return BatchedForward(model, fused=fused), None
+        return BatchedForward(model, attention=attention, fused=fused), None
     return GenericForward(model), problem
 
 

@@ -1,16 +1,20 @@
-"""Decode steps over static buffers, keyed by (batch bucket, attention length), replayed from
-CUDA graphs.
+"""Decode steps over static buffers, keyed by batch bucket (and attention length, on the matmul
+attention path), replayed from CUDA graphs.
 
 On a GPU an eager decode step of a small model is bound by kernel launches (issue 13: ~110 ms
 eager against 2.7 ms captured for a 0.5B model at batch 64). `BucketedDecode` pads each step's
-decode rows up to a bucket size (1, 2, 4, 8, then multiples of 16), copies tokens and positions
-into static input buffers and runs the fast forward with every shape fixed: attention reads the
-first L cached positions, L = `attention_length` (a power of two >= the furthest row's position
-+ 1, at least 128, at most the cache's capacity), masked per row, over a static `SlotKVCache`.
-Reading L rather than the whole capacity keeps a short-context step from paying for a cache
-sized for the longest sequence.
+decode rows up to a bucket size (1, 2, 4, 8, then multiples of 16), copies tokens, positions and
+lengths into static input buffers and runs the fast forward with every shape fixed, over a static
+`SlotKVCache`. What attention reads depends on the forward's path (`asyncrl.rollout.attention`):
+- triton (CUDA's default): each row's own length (position + 1; 0 for a padding row) from the
+  static input buffer, so the key is the bucket alone (its length part is 0): one graph per bucket;
+- matmul (the CPU's): the first L cached positions of every row, L = `attention_length` (a power
+  of two >= the furthest row's position + 1, at least 128, at most the cache's capacity), masked
+  per row; reading L rather than the whole capacity keeps a short-context step from paying for a
+  cache sized for the longest sequence, and the key is (bucket, L).
+`kv_reads` sums what each would read (`KVReads`; `kv_bytes_per_step` for the engine bench).
 
-On CUDA each (bucket, L) step is captured once, lazily, into a `torch.cuda.CUDAGraph`; all graphs
+On CUDA each key is captured once, lazily, into a `torch.cuda.CUDAGraph`; all graphs
 share one memory pool and write their logits into one output buffer (so the pool holds one
 step's temporaries, not one set per graph). Capture uses `capture_error_mode="thread_local"`:
 the engine's step thread captures while a trainer thread in the same process may run CUDA work,
@@ -19,7 +23,7 @@ valid across syncs. A cache whose buffers are replaced bumps its `generation`, a
 the old buffers are captured again (the sized GPU cache is allocated once; on the CPU the cache
 grows, but nothing is captured there).
 
-Padding rows (token 0 at position 0) sit in the slots after the real rows: those are free or
+Padding rows (token 0 at position 0, length 0) sit in the slots after the real rows: those are free or
 belong to this step's prefill rows, which are written after the decode. Their logits are
 dropped. On CPU the same code runs eagerly (`capture=False`), which is how the tests check it.
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -66,8 +71,27 @@ def attention_length(max_position: int, capacity: int, minimum: int = MIN_ATTENT
     return min(length, capacity)
 
 
+@dataclass
+class KVReads:
+    """Cached positions the decode attention reads, summed over decode steps: `real`, each row's
+    own length (what the split-KV kernel reads); `padded`, the bucket's rows to the attention
+    length (what the matmul path reads, padding rows included).
+
+    Example: rows at positions 99 and 299 in bucket 2: real 100 + 300 = 400, padded 2 x 512 = 1,024."""
+
+    steps: int = 0
+    real: int = 0
+    padded: int = 0
+
+    def add(self, positions: Sequence[int], bucket: int, capacity: int) -> None:
+        self.steps += 1
+        self.real += sum(positions) + len(positions)
+        self.padded += bucket * attention_length(max(positions), capacity)
+
+
 class BucketedDecode:
-    """Decode rows through static buffers, one graph per (bucket, attention length) when `capture`."""
+    """Decode rows through static buffers, one graph per key (bucket, attention length; 0 when
+    the forward reads real lengths) when `capture`."""
 
     def __init__(self, forward: BatchedForward, cache: SlotKVCache, max_rows: int, *, capture: bool) -> None:
         assert cache.static, "graphs need a static cache (SlotKVCache(static=True))"
@@ -82,8 +106,11 @@ class BucketedDecode:
         """Wall time spent capturing them (warm-up run included)."""
         self.steps: Counter[tuple[int, int]] = Counter()
         """Decode steps per (bucket, attention length) key, keys in the order first run."""
+        self.kv_reads = KVReads()
+        """KV positions read by the steps so far, real and padded (`kv_bytes_per_step`)."""
+        self._reads_length = forward.attention == "triton"
         device = cache.device
-        self._inputs = torch.zeros(max_rows, 2, dtype=torch.int64, device=device)  # (rows, token|position)
+        self._inputs = torch.zeros(max_rows, 3, dtype=torch.int64, device=device)  # (rows, token|position|length)
         self._logits = torch.zeros(max_rows, forward.vocab_size, dtype=torch.float32, device=device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, int]] = {}  # key -> (graph, generation)
         self._pool = torch.cuda.graph_pool_handle() if capture else None
@@ -93,11 +120,14 @@ class BucketedDecode:
         result is a view of a buffer the next step overwrites."""
         b = len(tokens)
         size = next(s for s in self.sizes if s >= b)
-        length = attention_length(max(positions), self.cache.capacity)
-        host = torch.zeros(size, 2, dtype=torch.int64)  # padding rows: token 0 at position 0
+        # the kernel reads each row's length from the inputs: no length in the key, one graph per bucket
+        length = 0 if self._reads_length else attention_length(max(positions), self.cache.capacity)
+        host = torch.zeros(size, 3, dtype=torch.int64)  # padding rows: token 0 at position 0, length 0
         host[:b, 0] = torch.tensor(tokens, dtype=torch.int64)
         host[:b, 1] = torch.tensor(positions, dtype=torch.int64)
+        host[:b, 2] = host[:b, 1] + 1
         copy_from_host(self._inputs[:size], host)
+        self.kv_reads.add(positions, size, self.cache.capacity)
         key = (size, length)
         self.steps[key] += 1
         if not self.capture:
@@ -111,7 +141,16 @@ class BucketedDecode:
 
     def _run(self, size: int, length: int) -> None:
         inputs = self._inputs[:size]
-        self.forward.decode(self.cache, inputs[:, 0], inputs[:, 1], length=length, out=self._logits[:size])
+        self.forward.decode(self.cache, inputs[:, 0], inputs[:, 1], length=length or None, lengths=inputs[:, 2],
+                            out=self._logits[:size])
+
+    def kv_bytes_per_step(self) -> dict[str, float]:
+        """Mean KV-cache bytes (K and V, every layer) decode attention reads per step so far:
+        `real` (each row's own length), `padded` (the matmul path: the bucket's rows to the
+        attention length) and `read` (the path this forward takes). For the engine bench."""
+        per_step = self.cache.bytes_per_token / max(self.kv_reads.steps, 1)
+        real, padded = self.kv_reads.real * per_step, self.kv_reads.padded * per_step
+        return {"real": real, "padded": padded, "read": real if self._reads_length else padded}
 
     def _capture(self, size: int, length: int) -> torch.cuda.CUDAGraph:
         """Warm up on a side stream (as torch requires before capture), then capture. Both runs

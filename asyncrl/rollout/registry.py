@@ -40,7 +40,8 @@ def engine_settings(cfg: RolloutConfig, *, device: str, seed: int, max_model_len
     return EngineSettings(kv_budget_tokens=cfg.kv_budget_tokens, max_num_seqs=cfg.max_num_seqs, device=device,
                           seed=seed, static_decode=cfg.cuda_graphs and torch.device(device).type == "cuda",
                           max_model_len=max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                          admit_min_free_slots=cfg.admit_min_free_slots, fused_decode=cfg.fused_decode,
+                          admit_min_free_slots=cfg.admit_min_free_slots,
+                          decode_attention=cfg.decode_attention, fused_decode=cfg.fused_decode,
                           packed_prefill=cfg.packed_prefill)
 
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 
-from asyncrl.config.names import FusedDecode, PackedPrefill
+from asyncrl.config.names import DecodeAttention, FusedDecode, PackedPrefill
 from asyncrl.errors import ConfigError
 
 ForwardChoice = Literal["auto", "generic"]
@@ -47,6 +47,8 @@ class EngineSettings:
     """Decode at fixed shapes (CUDA graphs on a GPU); None: on CUDA devices only."""
     num_threads: int | None = None
     """Torch threads of the engine's own step thread when it is given none; None: torch's count."""
+    decode_attention: DecodeAttention = "auto"
+    """Decode attention path (rollout.decode_attention; `asyncrl.rollout.attention.resolve`)."""
     fused_decode: FusedDecode = "auto"
     """Fused decode step (rollout.fused_decode; `asyncrl.rollout.kernels.use_fused_decode`)."""
     packed_prefill: PackedPrefill = "auto"

@@ -1,7 +1,9 @@
 """Decode attention over real lengths: the split-KV Triton kernel (interpreted on the CPU) equals a
 float64 attention over each row's own length, for ragged rows (length 1, lengths that no split
 or block divides, padding rows of length 0 whose output is zeros) and grouped KV heads; positions
-past a row's length and the slots of padding rows hold NaN, so a read of any of them would show."""
+past a row's length and the slots of padding rows hold NaN, so a read of any of them would show.
+A decode step and a static (graph-shaped) engine through the kernel equal the matmul path; the
+path that ran is counted; the engine keys graphs by bucket alone and accounts the KV it reads."""
 
 from __future__ import annotations
 
@@ -9,12 +11,20 @@ from tests.rollout.triton_interpret import INTERPRET  # first: sets TRITON_INTER
 
 # isort: split
 
+import dataclasses
+
 import pytest
 import torch
 
+from asyncrl.config.schema import RolloutConfig
 from asyncrl.errors import ConfigError
-from asyncrl.rollout.attention import resolve
+from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
+from asyncrl.rollout.attention import PATHS, resolve
+from asyncrl.rollout.forward import BatchedForward
+from asyncrl.rollout.graphs import KVReads
 from asyncrl.rollout.kernels.decode_attention import decode_attention, split_count
+from asyncrl.rollout.registry import engine_settings
+from tests.rollout.rollout_testlib import EOS, prompt, staggered_requests, tiny_model
 from tests.tolerances import assert_within, eps_of
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="the CPU's interpreted kernel (tests/gpu runs it compiled)")
@@ -111,3 +121,53 @@ def test_resolve_picks_the_kernel_on_cuda_and_refuses_it_uncompiled(monkeypatch)
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ConfigError, match="rollout.decode_attention"):
         resolve("triton", torch.device("cpu"))
+    cfg = RolloutConfig(decode_attention="matmul")
+    assert engine_settings(cfg, device="cuda", seed=0).decode_attention == "matmul"
+
+
+def test_a_decode_step_through_the_kernel_equals_the_matmul_path() -> None:
+    model = tiny_model("qwen3")  # grouped KV heads, head_dim 32
+    contexts = [prompt(n, seed=n) for n in (5, 70, 1)]  # 70: past one 64-position chunk
+    logits: dict[str, torch.Tensor] = {}
+    for path in ("matmul", "triton"):
+        forward = BatchedForward(model, attention=path)
+        cache = forward.new_cache(max_slots=4, device="cpu")
+        cache.reserve(3, 128)
+        lengths = torch.tensor([len(c) for c in contexts])
+        padded = torch.zeros(3, int(lengths.max()), dtype=torch.int64)
+        for row, ctx in enumerate(contexts):
+            padded[row, : len(ctx)] = torch.tensor(ctx)
+        before = dict(PATHS)
+        with torch.inference_mode():
+            forward.prefill(cache, padded, lengths, first_slot=0)
+            logits[path] = forward.decode(cache, torch.tensor([3, 9, 27]), lengths)
+        assert PATHS[path] == before.get(path, 0) + 1 and sum(PATHS.values()) == sum(before.values()) + 1
+    # float32 both ways, the same bound as the forward's against HF (test_rollout_forward.py)
+    torch.testing.assert_close(logits["triton"], logits["matmul"], rtol=0, atol=1e-5)
+
+
+def test_a_static_engine_through_the_kernel_keys_graphs_by_bucket_and_reads_real_lengths() -> None:
+    model = tiny_model("llama")
+    reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_tokens=6))
+            for r in staggered_requests(3)]  # 3 rows in bucket 4: one padding row, then 2 and 1
+    want = run_sync(TorchEngine(model, EOS, EngineSettings(static_decode=True)), reqs)
+    before = PATHS["triton"]
+    eng = TorchEngine(model, EOS, EngineSettings(static_decode=True, decode_attention="triton"))
+    got = run_sync(eng, reqs)
+    assert [o.response_ids for o in got] == [o.response_ids for o in want]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
+    graphs = eng._runner.graphs
+    assert graphs is not None and eng._runner.forward.attention == "triton"
+    assert {length for _, length in graphs.steps} == {0}  # one key per bucket, whatever the lengths
+    assert PATHS["triton"] - before == sum(graphs.steps.values()) == graphs.kv_reads.steps
+    reads = graphs.kv_bytes_per_step()
+    assert reads["read"] == reads["real"] < reads["padded"]
+    eng.close()
+
+
+def test_kv_reads_count_real_and_padded_positions() -> None:
+    reads = KVReads()
+    reads.add([99, 299], bucket=2, capacity=2304)  # the docstring's example
+    reads.add([5], bucket=1, capacity=64)  # the CPU's small cache caps the attention length
+    assert (reads.steps, reads.real, reads.padded) == (2, 400 + 6, 1024 + 64)
