@@ -185,7 +185,8 @@ def test_documented_yaml_reads_back_identically_with_awkward_strings():
     cfg = config_from_dict({"data": {"chat_template": template}, "trainer": {"logger": ["jsonl"]}})
     text = documented_yaml(cfg)
     assert config_from_dict(yaml.safe_load(text)) == cfg
-    assert "  max_prompt_length: 64  # Longer prompts are filtered out (counted). Range: >= 1." in text.splitlines()
+    assert "  max_prompt_length: 64  # Longer prompts are dropped (counted), or cut as data.truncation says when " \
+           "filter_overlong_prompts is false. Range: >= 1." in text.splitlines()
 
 
 def test_hydra_plus_forms_set_our_keys_too():

@@ -175,7 +175,13 @@ def test_the_table_covers_every_key_of_verls_config() -> None:
         tree = yaml.safe_load((RECIPES / "config" / name).read_text())
         verl |= set(_leaves({k: v for k, v in tree.items() if k not in ("hydra", "defaults")}))
     assert [k for k in sorted(verl) if not (is_verl_key(k) or k in leaf_keys())] == []
-    dapo_recipe = {"algorithm.filter_groups.enable", "algorithm.filter_groups.max_num_gen_batches"}
+    dapo_recipe = {"algorithm.filter_groups.enable", "algorithm.filter_groups.max_num_gen_batches",
+                   "reward_model.reward_kwargs.max_resp_len"}
+    # DAPO's YAML (reward_model.overlong_buffer.*) and its recipes' `+reward_model.reward_kwargs.overlong_buffer_cfg.*`
+    dapo_recipe |= {f"{prefix}.{k}" for prefix in ("reward_model.overlong_buffer",
+                                                   "reward_model.reward_kwargs.overlong_buffer_cfg")
+                    for k in ("enable", "len", "penalty_factor", "log")}
+    dapo_recipe.add("actor_rollout_ref.model.override_config.max_position_embeddings")  # `+` into an empty dict
     # read by verl's FSDP workers with `fsdp_config.get("mixed_precision")`, absent from its schema
     fsdp_workers = {f"actor_rollout_ref.actor.fsdp_config.mixed_precision.{k}"
                     for k in ("param_dtype", "reduce_dtype", "buffer_dtype")}

@@ -158,6 +158,11 @@ def _batch_rules(cfg: Config) -> None:
     if cfg.data.max_prompt_length + cfg.data.max_response_length > cfg.rollout.kv_budget_tokens:
         raise ConfigError("rollout.kv_budget_tokens must hold one full sequence: at least "
                           "data.max_prompt_length + data.max_response_length")
+    r = cfg.reward
+    if r.overlong_buffer > (r.overlong_max_len or cfg.data.max_response_length):
+        raise ConfigError(f"reward.overlong_buffer={r.overlong_buffer} is longer than the responses it punishes "
+                          f"(reward.overlong_max_len, else data.max_response_length="
+                          f"{r.overlong_max_len or cfg.data.max_response_length}): lower it")
 
 
 def _restart_rules(cfg: Config) -> None:

@@ -29,7 +29,16 @@ from transformers import PreTrainedTokenizerBase
 from asyncrl.config.long_tail import RewardSchedulerConfig, SandboxConfig
 from asyncrl.config.schema import RewardConfig
 from asyncrl.errors import ConfigError, RewardError
-from asyncrl.rewards import RewardPool, RewardResult, RewardStats, check_signature, resolve_reward_fn, score_batch
+from asyncrl.rewards import (
+    RewardPool,
+    RewardResult,
+    RewardStats,
+    add_terms,
+    check_signature,
+    length_penalty,
+    resolve_reward_fn,
+    score_batch,
+)
 from asyncrl.rewards.batch_functions import BatchFunctions
 from asyncrl.rewards.code_exec import CODE_SOURCES, count_tests
 from asyncrl.rewards.runner import Outcome
@@ -45,7 +54,9 @@ class RewardWorker:
     """Thread-safe: `score` may run in several threads at once. `close()` ends its processes."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, cfg: RewardConfig, window: int = DEFAULT_WINDOW,
-                 sandbox: SandboxConfig | None = None, scheduler: RewardSchedulerConfig | None = None) -> None:
+                 sandbox: SandboxConfig | None = None, scheduler: RewardSchedulerConfig | None = None,
+                 max_response_length: int = 0) -> None:
+        """`max_response_length`: data.max_response_length, where DAPO's overlong punishment ends by default."""
         if cfg.num_workers < 1 or cfg.timeout_s <= 0:
             raise ConfigError(f"reward.num_workers must be >= 1 and reward.timeout_s > 0, got "
                               f"{cfg.num_workers} and {cfg.timeout_s}")
@@ -56,6 +67,7 @@ class RewardWorker:
         self.pool = RewardPool(cfg.num_workers, cfg.timeout_s, cfg.custom_function, sandbox)
         self.functions = BatchFunctions(cfg.functions, cfg.function_weights, cfg.timeout_s) if cfg.functions else None
         self.code_timeouts = CodeTimeouts(scheduler) if scheduler is not None and scheduler.enable else None
+        self.overlong_max_len = cfg.overlong_max_len or max_response_length
 
     def check(self, rows: Iterable[PromptRow]) -> None:
         """Resolve and signature-check every data source's function now (ConfigError if wrong)."""
@@ -80,6 +92,10 @@ class RewardWorker:
             results = score_batch(rows, texts, pool=self.pool, stats=self.stats,
                                   defaults={"gsm8k_method": self.cfg.gsm8k_method})
         for row, traj, result in zip(rows, trajectories, results):
+            if self.cfg.overlong_buffer:
+                result = add_terms(result, {"overlong_penalty": length_penalty(
+                    len(traj.response_ids), self.overlong_max_len, self.cfg.overlong_buffer,
+                    penalty_factor=self.cfg.overlong_penalty_factor)})
             if self.code_timeouts is not None:
                 self.code_timeouts.learn(row, result)
             traj.reward = result.score

@@ -170,3 +170,26 @@ def test_scheduler_off_leaves_rows_alone() -> None:
         assert w.code_timeouts is None and "reward/code_timeout_s_mean" not in w.metrics()
     finally:
         w.close()
+
+
+def test_dapo_overlong_punishment_is_added_and_its_verl_keys_map() -> None:
+    from asyncrl.config import load_config
+
+    base = ["reward_model.reward_manager=dapo", "data.max_response_length=20"]
+    for spelling in ("+reward_model.reward_kwargs.overlong_buffer_cfg", "reward_model.overlong_buffer"):
+        cfg = load_config(None, [*base, f"{spelling}.enable=True", f"{spelling}.len=4",
+                                 f"{spelling}.penalty_factor=2.0"])
+        assert (cfg.reward.overlong_buffer, cfg.reward.overlong_penalty_factor) == (4, 2.0)
+    from dataclasses import replace
+
+    from asyncrl.rewards.batch_functions import register_callable
+
+    ones = register_callable(lambda prompts, completions, **_: [1.0] * len(prompts))
+    w = RewardWorker(WordTokenizer(), replace(cfg.reward, functions=(ones,)), max_response_length=20)
+    trajs = [Trajectory("r", (1,), (0,) * n, (0.0,) * n, (0,) * n, "length") for n in (16, 18)]
+    w.score([ROW, ROW], trajs)
+    w.close()
+    assert [t.reward_details["overlong_penalty"] for t in trajs] == [0.0, -1.0]  # 18 tokens: half the buffer, x2
+    assert [t.reward for t in trajs] == [1.0, 0.0]
+    with pytest.raises(ConfigError, match="reward.overlong_buffer=30 is longer than the responses it punishes"):
+        load_config(None, [*base, "reward.overlong_buffer=30"])
