@@ -134,9 +134,10 @@ def test_a_recipe_becomes_the_config_its_script_says(recipe: str, env: dict[str,
     got = {key: value_at(cfg, key) for key in EXPECTED[recipe](env)}
     assert got == EXPECTED[recipe](env)
     warnings = [r.getMessage() for r in caplog.records if r.name == "asyncrl.config"]
-    assert len(warnings) == 1, warnings  # one line, naming every key not modelled
+    knobs = [w for w in warnings if w.startswith("verl engine and memory knobs with no effect here")]
+    assert len(knobs) == 1 and len(warnings) <= 2, warnings  # a line per class: knobs, and what changes training
     for key in NOT_MODELLED_IN_EVERY_RECIPE:
-        assert key in warnings[0]
+        assert key in knobs[0]
     assert load_config(None, args, entry=entry) == cfg  # the module says the same pipeline as the keys
 
 
@@ -364,6 +365,29 @@ def test_config_prints_every_key_with_its_doc(capsys: pytest.CaptureFixture[str]
     assert "  n: 4  # Responses sampled per prompt (the group size). Range: >= 1." in printed.splitlines()
     values = [line for line in printed.splitlines() if ":  # " not in line]  # sections are `name:  # doc`
     assert len(values) == len(leaf_keys())
+
+
+@pytest.mark.parametrize(("arg", "fix"), [
+    ("trainer.val_only=True", "run `asyncrl eval`"),
+    ("reward_model.enable=True", "asyncrl has no learned reward model yet"),
+    ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn (tool-calling) rollouts are not built yet"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "asyncrl has no sequence parallelism"),
+    ("data.prompt_key=question", "asyncrl always runs it as 'prompt'"),
+])
+def test_a_key_that_changes_training_is_refused_by_train_and_named_by_sim(
+        arg: str, fix: str, caplog: pytest.LogCaptureFixture) -> None:
+    from asyncrl.config.load import load_train_config
+
+    model = "actor_rollout_ref.model.path=tiny"
+    with pytest.raises(ConfigError) as err:
+        load_train_config(None, [model, arg])
+    key, _, value = arg.partition("=")
+    assert str(err.value).startswith(f"{key}=") and "changes what is trained and is not modelled" in str(err.value)
+    assert fix in str(err.value)
+    with caplog.at_level(logging.WARNING, logger="asyncrl.config"):
+        load_config(None, [model, arg])  # sim and config plan the recipe as if it were unset
+    assert any(r.getMessage().startswith("verl keys that change what is trained") and key in r.getMessage()
+               for r in caplog.records)
 
 
 def test_verls_overlong_prompt_keys_map() -> None:

@@ -36,6 +36,8 @@ def load_train_config(path: str | Path | None = None, overrides: typing.Sequence
     """`load_config` for what trains (`asyncrl train`, the Python API): a command line in verl's
     names must name its model, as verl requires, rather than train the built-in toy on its data."""
     translation = resolve(path, overrides)
+    if translation.changes_training:
+        raise ConfigError(next(iter(translation.changes_training.values())))
     if translation.uses_verl_names and "model.path" not in translation.values:
         raise ConfigError("a verl command line without actor_rollout_ref.model.path would train asyncrl's "
                           "built-in toy model: set the model's path (model.path=tiny means the toy)")
@@ -67,7 +69,7 @@ def resolve(path: str | Path | None = None, overrides: typing.Sequence[str] = ()
     raw: dict[str, Any] = {} if path is None else _read_yaml(Path(path))
     pairs = [*_flatten(raw), *(_parse_override(item) for item in overrides)]
     translation = translate(pairs, entry)
-    warn_not_modelled(translation.not_modelled)
+    warn_not_modelled(translation)
     return translation
 
 
