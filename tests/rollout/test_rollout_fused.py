@@ -1,7 +1,8 @@
 """The fused decode step (issue 24, deliverable 3) on the CPU, its Triton kernels interpreted:
 each kernel against the eager ops it replaces (bf16 rounded as HF's modules round), a fused step's
 logits against the unfused step's, the engine's greedy tokens against HF `generate`, weight loads
-into the merged projections, and `rollout.fused_decode`'s resolution."""
+into the merged projections, `rollout.fused_decode`'s resolution, and the kernel launches per
+decode layer and step (the CPU proxy of a launch-bound GPU step)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from asyncrl.errors import ConfigError
@@ -17,6 +19,7 @@ from asyncrl.models.tensors import checksum, export_named
 from asyncrl.rollout import run_sync
 from asyncrl.rollout.forward import BatchedForward, _rope
 from asyncrl.rollout.kernels import use_fused_decode
+from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.merged import aliases
 from tests.rollout import triton_interpret  # the interpreter's fixes for the attention kernel
 from tests.rollout.launch_counts import LaunchCounter
@@ -26,6 +29,7 @@ from tests.rollout.rollout_testlib import (
     prompt,
     request,
     staggered_requests,
+    tiny_config,
     tiny_model,
 )
 from tests.rollout.test_rollout_architectures import hf_greedy
@@ -33,6 +37,9 @@ from tests.tolerances import eps_of, sum_error
 
 pytestmark = pytest.mark.skipif(not triton_interpret.INTERPRET, reason="CUDA present: tests/gpu runs the kernels")
 BF16 = torch.bfloat16
+MAX_LAYER_LAUNCHES = 12
+MAX_STEP_LAUNCHES = 300
+DEPTH = 24  # Qwen2-0.5B's layers: the step the issue's GPU numbers are for
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +212,36 @@ def test_fused_decode_key_resolves_by_device(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ConfigError, match="rollout.fused_decode"):
         use_fused_decode("on", cpu)
+
+
+def launches(arch: str, layers: int, *, fused: bool) -> LaunchCounter:
+    """Launches of one decode step (3 rows) of a `layers`-deep tiny `arch` model, bf16; fused
+    with the split-KV attention, as on a GPU, else today's unfused step."""
+    config = tiny_config(arch)
+    config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval().to(BF16)
+    fwd = BatchedForward(model, fused=fused, attention="triton" if fused else "matmul")
+    cache = fwd.new_cache(max_slots=4, device="cpu")
+    assert isinstance(cache, SlotKVCache)
+    cache.reserve(4, 16)
+    out = torch.empty(3, fwd.vocab_size)
+    counter = LaunchCounter()
+    with torch.inference_mode(), counter.triton_launches(), counter:
+        fwd.decode(cache, torch.tensor([1, 2, 3]), torch.tensor([3, 4, 5]), length=8, out=out)
+    return counter
+
+
+def test_kernel_launches_per_decode_layer_and_step() -> None:
+    """Qwen3 (every part, q/k norms too). Per layer: a 2-layer step less a 1-layer step; per step at
+    Qwen2-0.5B's depth: the 1-layer step plus 23 more layers (launches do not depend on width)."""
+    arch, counts = "qwen3", {}
+    for fused in (False, True):
+        one, two = launches(arch, 1, fused=fused), launches(arch, 2, fused=fused)
+        per_layer = two.total - one.total
+        counts[fused] = per_layer, one.total + (DEPTH - 1) * per_layer
+        print(f"{arch} {'fused' if fused else 'unfused (today)'}: {per_layer} launches per layer "
+              f"({dict(two.aten - one.aten)}, {two.triton - one.triton} Triton), {counts[fused][1]} per "
+              f"{DEPTH}-layer step")
+    assert counts[True][0] <= MAX_LAYER_LAUNCHES and counts[True][1] <= MAX_STEP_LAUNCHES
+    assert counts[False][0] > 3 * MAX_LAYER_LAUNCHES  # today's step: not a vacuous comparison

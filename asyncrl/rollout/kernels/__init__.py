@@ -31,6 +31,7 @@ def use_fused_decode(choice: FusedDecode, device: torch.device) -> bool:
     layer instead of ~45), off on the CPU (interpreted Triton is ~100x slower than eager torch,
     and the eager step is bound by its matmuls, not by launches). on: a `ConfigError` where Triton
     cannot run (not installed; on the CPU without TRITON_INTERPRET=1, which only tests set)."""
+    assert choice in ("auto", "on", "off"), choice
     if choice == "off":
         return False
     triton_present = importlib.util.find_spec("triton") is not None
