@@ -81,7 +81,7 @@ class StepLog:
 
 def step_kind(plan: Any) -> str:
     """'decode', 'decode+prefill', 'decode+moves', 'decode+prefill+moves', 'prefill', ...: what a step carried."""
-    parts = [name for name, present in (("decode", plan.decode_tokens), ("prefill", plan.prefill_contexts),
+    parts = [name for name, present in (("decode", plan.decode_positions), ("prefill", plan.prefill_contexts),
                                         ("moves", plan.moves)) if present]
     return "+".join(parts) or "empty"
 

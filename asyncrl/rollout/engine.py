@@ -10,9 +10,15 @@ Threading model::
 
     event-loop thread (asyncio task `_run`)            step thread (1 worker)
     ─────────────────────────────────────────          ──────────────────────────────
-    sweep · preempt · admit → StepPlan  ──submit──▶    moves · decode · prefill · sample
-    generate()/abort()/stats() keep running      ◀──   StepResult (plain lists)
-    apply tokens · resolve finished futures
+    sweep · preempt · admit → StepPlan t ──submit──▶   queue step t: moves · decode · prefill · sample
+    generate()/abort()/stats() keep running      ◀──   StepResult of step t-1 (plain lists)
+    apply tokens t-1 · resolve finished futures
+
+Results are read one step late (`StepRunner.run`): the device runs step t while the host
+applies step t-1 and plans t+1, whose decode rows read t's sampled tokens on the device. So a
+row that finished at step t-1 is in step t too (its extra token is dropped), and a step is
+planned with the tokens of two steps ago known on the host. Pausing, idling and a failed step
+read or drop the queued step first.
 
 All bookkeeping (queues, sequences, futures) lives in the event-loop thread, so it needs no lock;
 the step thread only sees a frozen `StepPlan`. The step thread is the engine's own, or the
@@ -25,7 +31,7 @@ Semantics callers rely on:
 - `generate` resolves as soon as its sequence finishes ("stop" on EOS/stop token, "length" at
   `max_tokens`, counting a continuation prefix), or when it is aborted: then it resolves to the
   same partial `Trajectory` (finish_reason "aborted") that `abort`/`abort_all` return.
-- `await pause()` (mode "keep") returns once no step is in flight; requests keep their state
+- `await pause()` (mode "keep") returns once no step is in flight or unread; requests keep their state
   and new ones queue. `pause("abort")` also aborts every request and returns the partials.
   `await resume()` continues. Tokens sampled after `load_weights(.., version)` carry `version`.
 - An engine is bound to one event loop at a time; after that loop ends (e.g. `asyncio.run`
@@ -45,7 +51,9 @@ Not here: tokenization, prefix caching, chunked prefill, speculative decoding, t
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -86,9 +94,9 @@ class TorchEngine:
         with out_of_memory_as("building the rollout engine (its KV cache and CUDA graphs)", self._memory_keys):
             self._runner = StepRunner(
                 model, max_num_seqs=settings.max_num_seqs, device=settings.device, version=version,
-                seed=settings.seed, forward=settings.forward, static_decode=settings.decode_graphs,
+                forward=settings.forward, static_decode=settings.decode_graphs,
                 max_model_len=settings.model_len, gpu_memory_utilization=settings.gpu_memory_utilization,
-                max_prefill_tokens=settings.max_prefill_tokens, decode_attention=settings.decode_attention,
+                max_prefill_tokens=settings.max_prefill_tokens,
                 fused_decode=settings.fused_decode, packed_prefill=settings.packed_prefill,
             )
         self._vocab_size = self._runner.forward.vocab_size
@@ -98,6 +106,8 @@ class TorchEngine:
         self._kv_budget = settings.kv_budget_tokens
         self._max_model_len = settings.model_len
         self._num_threads = settings.num_threads
+        self._keys = random.Random(settings.seed)
+        """Where the sampling keys of requests without a seed come from, one per request."""
         self._seqs: dict[str, Sequence] = {}
         self._futures: dict[str, asyncio.Future[Trajectory]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -135,7 +145,7 @@ class TorchEngine:
     async def generate(self, request: GenerationRequest) -> Trajectory:
         """One response for `request`; many calls may be in flight at once."""
         self._validate(request)
-        seq = Sequence.from_request(request, self._eos_ids)
+        seq = Sequence.from_request(request, self._eos_ids, self._keys.getrandbits(32))
         done = seq.finished_by()  # a continuation whose prefix already ends the response
         if done is not None:
             return seq.to_trajectory(done)
@@ -310,10 +320,12 @@ class TorchEngine:
         try:
             while True:
                 plan = None if self._paused else self._scheduler.schedule()
-                if plan is None:
+                if plan is None and self._runner.pending is not None:
+                    await self._step(loop, None)  # read the queued step before pausing or idling
+                elif plan is None:
                     await self._wait_for_work(loop)
-                    continue
-                await self._step(loop, plan)
+                else:
+                    await self._step(loop, plan)
         except Exception as error:  # a scheduler bug: fail every caller loudly, not "aborted"
             wrapped = RolloutError(f"TorchEngine loop crashed: {error!r}")
             for seq in self._scheduler.clear():
@@ -331,25 +343,34 @@ class TorchEngine:
                 return
         await self._wakeup.wait()
 
-    async def _step(self, loop: asyncio.AbstractEventLoop, plan: StepPlan) -> None:
+    async def _step(self, loop: asyncio.AbstractEventLoop, plan: StepPlan | None) -> None:
+        """Queue `plan`'s step (None: queue nothing) and apply the step queued before it."""
         self._idle.clear()
+        queued = self._runner.pending
         try:
             with out_of_memory_as("the rollout engine's step", self._memory_keys):
-                result = await loop.run_in_executor(self._compute(), self._runner.run, plan)
-        except Exception as error:  # a failed step fails its rows, not the engine
+                done = await loop.run_in_executor(self._compute(), self._runner.flush if plan is None
+                                                  else functools.partial(self._runner.run, plan))
+        except Exception as error:  # a failed step fails its rows (and the queued step's), not the engine
+            self._runner.drop()
             wrapped = error if isinstance(error, OutOfMemory) else RolloutError(f"TorchEngine step failed: {error!r}")
-            for seq in plan.seqs:
-                self._fail(seq, wrapped)
+            for failed in (queued, plan):
+                for seq in failed.seqs if failed is not None else ():
+                    self._fail(seq, wrapped)
             self._scheduler.sweep()
             return
         finally:
-            self._idle.set()
-        self._apply(plan, result)
+            if self._runner.pending is None:
+                self._idle.set()
+        if done is not None:
+            self._apply(*done)
 
     def _apply(self, plan: StepPlan, result: StepResult) -> None:
         appended = sum(1 for s in plan.seqs if s.finish_reason is None)
         for seq in self._scheduler.apply(plan, result):
             assert seq.finish_reason is not None, "the scheduler returns finished sequences only"
+            if seq.slot < 0:  # preempted while its last token was sampled, and that token ends it
+                self._scheduler.drop_waiting(seq)
             self._resolve(seq, seq.to_trajectory(seq.finish_reason))
         self._generated_tokens += appended
         now = time.perf_counter()
@@ -359,6 +380,7 @@ class TorchEngine:
 
     def _forget_in_flight(self) -> None:
         """Resolve every pending future as aborted and empty the queues (loop ending)."""
+        self._runner.drop()
         for seq in self._scheduler.clear():
             if seq.finish_reason is None:
                 self._abort_seq(seq)

@@ -1,20 +1,18 @@
-"""Decode steps over static buffers, keyed by batch bucket (and attention length, on the matmul
-attention path), replayed from CUDA graphs.
+"""Decode steps over static buffers, keyed by (batch bucket, attention length), replayed from
+CUDA graphs.
 
 On a GPU an eager decode step of a small model is bound by kernel launches (issue 13: ~110 ms
 eager against 2.7 ms captured for a 0.5B model at batch 64). `BucketedDecode` pads each step's
-decode rows up to a bucket size (1, 2, 4, 8, then multiples of 16), copies tokens, positions and
-lengths into static input buffers and runs the fast forward with every shape fixed, over a static
-`SlotKVCache`. What attention reads depends on the forward's path (`asyncrl.rollout.attention`):
-- triton (CUDA's default): each row's own length (position + 1; 0 for a padding row) from the
-  static input buffer, so the key is the bucket alone (its length part is 0): one graph per bucket;
-- matmul (the CPU's): the first L cached positions of every row, L = `attention_length` (a power
-  of two >= the furthest row's position + 1, at least 128, at most the cache's capacity), masked
-  per row; reading L rather than the whole capacity keeps a short-context step from paying for a
-  cache sized for the longest sequence, and the key is (bucket, L).
-`kv_reads` sums what each would read (`KVReads`; `kv_bytes_per_step` for the engine bench).
+decode rows up to a bucket size (1, 2, 4, 8, then multiples of 16), copies positions into a static
+input buffer, reads each row's input token from the sampler's device buffer (the token its slot
+sampled last step), runs the fast forward and samples every row into the sampler's buffers
+(`asyncrl.rollout.sampler.DeviceSampler`), with every shape fixed: attention reads the
+first L cached positions, L = `attention_length` (a power of two >= the furthest row's position
++ 1, at least 128, at most the cache's capacity), masked per row, over a static `SlotKVCache`.
+Reading L rather than the whole capacity keeps a short-context step from paying for a cache
+sized for the longest sequence.
 
-On CUDA each key is captured once, lazily, into a `torch.cuda.CUDAGraph`; all graphs
+On CUDA each (bucket, L, sampling mode) step is captured once, lazily, into a `torch.cuda.CUDAGraph`; all graphs
 share one memory pool and write their logits into one output buffer (so the pool holds one
 step's temporaries, not one set per graph). Capture uses `capture_error_mode="thread_local"`:
 the engine's step thread captures while a trainer thread in the same process may run CUDA work,
@@ -23,14 +21,15 @@ valid across syncs. A cache whose buffers are replaced bumps its `generation`, a
 the old buffers are captured again (the sized GPU cache is allocated once; on the CPU the cache
 grows, but nothing is captured there).
 
-Padding rows (token 0 at position 0, length 0) sit in the slots after the real rows: those are free or
-belong to this step's prefill rows, which are written after the decode. Their logits are
-dropped. On CPU the same code runs eagerly (`capture=False`), which is how the tests check it.
+Padding rows (position 0, whatever token their slot sampled last) sit in the slots after the
+real rows: those are free or belong to this step's prefill rows, whose K/V and sampled tokens
+are written after the decode. What they sample is never read. On CPU the same code runs eagerly
+(`capture=False`), which is how the tests check it.
 
 `BucketedPrefill` does the same for the packed prefill on CUDA (`asyncrl.rollout.prefill`): its
 token count rounded up to a bucket, one graph per (token bucket, row bucket).
 
-Not here: sampling (eager, after the logits), what to decode or prefill.
+Not here: what to decode or prefill, reading the sampled tokens.
 """
 
 from __future__ import annotations
@@ -38,13 +37,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, layout_size, pack_prompts
+from asyncrl.rollout.sampler import DeviceSampler, SamplingMode
 from asyncrl.rollout.transfer import copy_from_host, to_device
 
 MIN_ATTENTION_LENGTH = 128
@@ -71,33 +70,17 @@ def attention_length(max_position: int, capacity: int, minimum: int = MIN_ATTENT
     return min(length, capacity)
 
 
-@dataclass
-class KVReads:
-    """Cached positions the decode attention reads, summed over decode steps: `real`, each row's
-    own length (what the split-KV kernel reads); `padded`, the bucket's rows to the attention
-    length (what the matmul path reads, padding rows included).
-
-    Example: rows at positions 99 and 299 in bucket 2: real 100 + 300 = 400, padded 2 x 512 = 1,024."""
-
-    steps: int = 0
-    real: int = 0
-    padded: int = 0
-
-    def add(self, positions: Sequence[int], bucket: int, capacity: int) -> None:
-        self.steps += 1
-        self.real += sum(positions) + len(positions)
-        self.padded += bucket * attention_length(max(positions), capacity)
-
-
 class BucketedDecode:
-    """Decode rows through static buffers, one graph per key (bucket, attention length; 0 when
-    the forward reads real lengths) when `capture`."""
+    """Decode and sample rows through static buffers, one graph per (bucket, attention length,
+    sampling mode) when `capture`."""
 
-    def __init__(self, forward: BatchedForward, cache: SlotKVCache, max_rows: int, *, capture: bool) -> None:
+    def __init__(self, forward: BatchedForward, cache: SlotKVCache, max_rows: int, sampler: DeviceSampler, *,
+                 capture: bool) -> None:
         assert cache.static, "graphs need a static cache (SlotKVCache(static=True))"
         assert max_rows <= cache.max_slots, "padding rows need slots of their own"
         self.forward = forward
         self.cache = cache
+        self.sampler = sampler
         self.sizes = bucket_sizes(max_rows)
         self.capture = capture
         self.captures = 0
@@ -106,65 +89,53 @@ class BucketedDecode:
         """Wall time spent capturing them (warm-up run included)."""
         self.steps: Counter[tuple[int, int]] = Counter()
         """Decode steps per (bucket, attention length) key, keys in the order first run."""
-        self.kv_reads = KVReads()
-        """KV positions read by the steps so far, real and padded (`kv_bytes_per_step`)."""
-        self._reads_length = forward.attention == "triton"
         device = cache.device
-        self._inputs = torch.zeros(max_rows, 3, dtype=torch.int64, device=device)  # (rows, token|position|length)
+        self._positions = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self._logits = torch.zeros(max_rows, forward.vocab_size, dtype=torch.float32, device=device)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, int]] = {}  # key -> (graph, generation)
+        # (bucket, length, sampling mode) -> (graph, the cache generation it was captured over)
+        self._graphs: dict[tuple[int, int, SamplingMode], tuple[torch.cuda.CUDAGraph, int]] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
-    def __call__(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """Logits (len(tokens), V) float32 of one decode step; rows live in slots 0..B-1. The
-        result is a view of a buffer the next step overwrites."""
-        b = len(tokens)
+    def __call__(self, positions: Sequence[int], mode: SamplingMode) -> None:
+        """One decode step of the rows in slots 0..B-1 at `positions`, each fed its slot's last
+        sampled token, sampled under `mode` into the sampler's `tokens` and `logprobs`."""
+        b = len(positions)
         size = next(s for s in self.sizes if s >= b)
-        # the kernel reads each row's length from the inputs: no length in the key, one graph per bucket
-        length = 0 if self._reads_length else attention_length(max(positions), self.cache.capacity)
-        host = torch.zeros(size, 3, dtype=torch.int64)  # padding rows: token 0 at position 0, length 0
-        host[:b, 0] = torch.tensor(tokens, dtype=torch.int64)
-        host[:b, 1] = torch.tensor(positions, dtype=torch.int64)
-        host[:b, 2] = host[:b, 1] + 1
-        copy_from_host(self._inputs[:size], host)
-        self.kv_reads.add(positions, size, self.cache.capacity)
+        length = attention_length(max(positions), self.cache.capacity)
+        host = torch.zeros(size, dtype=torch.int64)  # padding rows at position 0
+        host[:b] = torch.tensor(positions, dtype=torch.int64)
+        copy_from_host(self._positions[:size], host)
         key = (size, length)
         self.steps[key] += 1
         if not self.capture:
-            self._run(size, length)
-            return self._logits[:b]
-        graph, generation = self._graphs.get(key, (None, -1))
+            self._run(size, length, mode)
+            return
+        graph, generation = self._graphs.get((*key, mode), (None, -1))
         if graph is None or generation != self.cache.generation:
-            graph = self._capture(size, length)
+            graph = self._capture(size, length, mode)
         graph.replay()
-        return self._logits[:b]
 
-    def _run(self, size: int, length: int) -> None:
-        inputs = self._inputs[:size]
-        self.forward.decode(self.cache, inputs[:, 0], inputs[:, 1], length=length or None, lengths=inputs[:, 2],
-                            out=self._logits[:size])
+    def _run(self, size: int, length: int, mode: SamplingMode) -> None:
+        logits = self._logits[:size]
+        self.forward.decode(self.cache, self.sampler.tokens[:size], self._positions[:size], length=length, out=logits)
+        self.sampler.sample_rows(logits, 0, mode)
 
-    def kv_bytes_per_step(self) -> dict[str, float]:
-        """Mean KV-cache bytes (K and V, every layer) decode attention reads per step so far:
-        `real` (each row's own length), `padded` (the matmul path: the bucket's rows to the
-        attention length) and `read` (the path this forward takes). For the engine bench."""
-        per_step = self.cache.bytes_per_token / max(self.kv_reads.steps, 1)
-        real, padded = self.kv_reads.real * per_step, self.kv_reads.padded * per_step
-        return {"real": real, "padded": padded, "read": real if self._reads_length else padded}
-
-    def _capture(self, size: int, length: int) -> torch.cuda.CUDAGraph:
-        """Warm up on a side stream (as torch requires before capture), then capture. Both runs
-        compute this step's real inputs, so their K/V writes are the ones the step makes."""
+    def _capture(self, size: int, length: int, mode: SamplingMode) -> torch.cuda.CUDAGraph:
+        """Warm up on a side stream (as torch requires before capture), then capture. Both see
+        this step's real inputs, so their K/V writes are the ones the step makes; the warm-up
+        samples over its input tokens, which are put back for the replay that follows."""
         start = time.perf_counter()
+        tokens = self.sampler.tokens[:size].clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._run(size, length)
+            self._run(size, length, mode)
         torch.cuda.current_stream().wait_stream(side)
+        self.sampler.tokens[:size].copy_(tokens)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self._run(size, length)
-        self._graphs[(size, length)] = graph, self.cache.generation
+            self._run(size, length, mode)
+        self._graphs[(size, length, mode)] = graph, self.cache.generation
         self.captures += 1
         self.capture_s += time.perf_counter() - start
         return graph

@@ -56,9 +56,14 @@ class ReplayCounts:
         return self.decode_rows / max(self.decode_steps, 1)
 
 
-def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings) -> ReplayCounts:
+def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings, *,
+           one_step_late: bool = False) -> ReplayCounts:
     """Run `requests` through a `Scheduler` built as `TorchEngine` builds it from `settings`,
-    with every KV slot the settings ask for (a GPU cache may hold fewer: see `KVPlan`)."""
+    with every KV slot the settings ask for (a GPU cache may hold fewer: see `KVPlan`).
+
+    `one_step_late`: apply each step after the next one is planned, as `TorchEngine` reads its
+    results (a finishing row takes one extra step); False applies each step before planning the
+    next, as the engine of the GPU run that issue 24 explains did."""
     scheduler = Scheduler(settings.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens,
                           min_free_slots=settings.admit_free_slots)
     for request in requests:
@@ -66,9 +71,14 @@ def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings) -
     rows: Counter[str] = Counter()
     graphs: Counter[tuple[int, int]] = Counter()
     sizes = bucket_sizes(settings.max_num_seqs)
-    while (plan := scheduler.schedule()) is not None:
-        _count(plan, rows, graphs, sizes, settings.model_len)
-        scheduler.apply(plan, StepResult([_NO_TOKEN] * plan.num_rows, [0.0] * plan.num_rows, 0))
+    queued: StepPlan | None = None
+    while (plan := scheduler.schedule()) is not None or queued is not None:
+        if plan is not None:
+            _count(plan, rows, graphs, sizes, settings.model_len)
+        for done in ((queued,) if one_step_late else (plan,)):
+            if done is not None:
+                scheduler.apply(done, StepResult([_NO_TOKEN] * done.num_rows, [0.0] * done.num_rows, 0))
+        queued = plan if one_step_late else None
     steps = scheduler.step_counts
     return ReplayCounts(steps=steps["steps"], decode_steps=steps["decode"], prefill_steps=steps["prefill"],
                         move_steps=steps["moves"], decode_rows=rows["decode"], prefill_rows=rows["prefill"],
@@ -77,7 +87,7 @@ def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings) -
 
 def _count(plan: StepPlan, rows: Counter[str], graphs: Counter[tuple[int, int]], sizes: list[int],
            capacity: int) -> None:
-    decode = len(plan.decode_tokens)
+    decode = len(plan.decode_positions)
     rows.update(decode=decode, prefill=len(plan.prefill_contexts))
     if decode:  # the key `BucketedDecode` replays (a GPU cache's capacity is max_model_len)
         bucket = next(s for s in sizes if s >= decode)

@@ -5,8 +5,12 @@ prefill forwards, samples, and returns plain Python lists. It holds `lock` for t
 `load_weights` takes the same lock, so weights change only between steps whichever thread calls
 it. On CUDA with static decode the KV cache is sized from the device's memory and allocated when
 the runner is built (`asyncrl.rollout.memory`); `max_num_seqs` then says how many sequences fit.
-A step's inputs go to the device without waiting for it (`asyncrl.rollout.transfer`) and its
-results come back in one device-to-host copy, the step's only synchronisation.
+A step's inputs go to the device without waiting for it (`asyncrl.rollout.transfer`); its rows
+are sampled on the device (`asyncrl.rollout.sampler.DeviceSampler`, inside the decode graph
+where there is one), the sampled tokens stay there as the next decode's input, and the results
+come back in one device-to-host copy, read one step late: `run(plan)` queues `plan`'s step and
+then returns the previous step's results, so on a GPU the host plans and queues step t+1 while
+step t runs, and waits only for step t's copy. `flush` reads the last step's results.
 This module does no scheduling and knows nothing about asyncio or futures.
 """
 
@@ -15,14 +19,14 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from asyncrl.config.names import DecodeAttention, FusedDecode, PackedPrefill
+from asyncrl.config.names import FusedDecode, PackedPrefill
 from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
-from asyncrl.rollout.attention import resolve
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.generic import StepCache, StepForward, build_forward
 from asyncrl.rollout.graphs import BucketedDecode, BucketedPrefill
@@ -30,7 +34,7 @@ from asyncrl.rollout.kernels import use_fused_decode
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.memory import KVPlan, ModelShape, activation_reserve_bytes, device_memory, plan_kv_cache
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, pack_prompts, prefill_path
-from asyncrl.rollout.sampler import SamplingBatch, sample
+from asyncrl.rollout.sampler import DeviceSampler
 from asyncrl.rollout.scheduler import StepPlan, StepResult
 from asyncrl.rollout.settings import ForwardChoice
 from asyncrl.rollout.transfer import to_device
@@ -46,13 +50,11 @@ class StepRunner:
         max_num_seqs: int,
         device: torch.device | str,
         version: int,
-        seed: int | None,
         forward: ForwardChoice = "auto",
         static_decode: bool = False,
         max_model_len: int = 32768,
         gpu_memory_utilization: float = 0.5,
         max_prefill_tokens: int = 4096,
-        decode_attention: DecodeAttention = "auto",
         fused_decode: FusedDecode = "auto",
         packed_prefill: PackedPrefill = "auto",
     ) -> None:
@@ -63,19 +65,19 @@ class StepRunner:
             raise ConfigError(f"the model is on {weights_on} but device={device!r}; move the model")
         self.forward: StepForward
         self.forward, self.fast_path_problem = build_forward(model, forward,
-                                                             attention=resolve(decode_attention, self.device),
                                                              fused=use_fused_decode(fused_decode, self.device))
         self.cache: StepCache = self.forward.new_cache(max_num_seqs, self.device)
         self.max_num_seqs = max_num_seqs
         """Sequences a step may hold: fewer than asked when the sized GPU cache has fewer slots."""
         self.kv_plan: KVPlan | None = None
+        self.sampler = DeviceSampler(max_num_seqs, self.device)
         self.graphs: BucketedDecode | None = None
         if static_decode and isinstance(self.forward, BatchedForward):  # the generic path stays eager
             assert isinstance(self.cache, SlotKVCache)
             self.cache.static = True
             self.kv_plan = self._allocate_static(self.forward, self.cache, max_model_len,
                                                  gpu_memory_utilization, max_prefill_tokens)
-            self.graphs = BucketedDecode(self.forward, self.cache, self.max_num_seqs,
+            self.graphs = BucketedDecode(self.forward, self.cache, self.max_num_seqs, self.sampler,
                                          capture=self.device.type == "cuda")
         self.prefill_path: PrefillPath = "padded"
         """How prefills run (`asyncrl.rollout.prefill.prefill_path`): packed but for float32 on CUDA."""
@@ -91,11 +93,8 @@ class StepRunner:
         """Prefill forwards run, by path: what tests and benches read."""
         self.lock = threading.Lock()
         self.version = version
-        self.generator = torch.Generator()
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
+        self._results = _Results(max_num_seqs, self.device)
+        self._launched: _Launched | None = None
 
     def _allocate_static(self, forward: BatchedForward, cache: SlotKVCache, max_model_len: int,
                          fraction: float, max_prefill_tokens: int) -> KVPlan | None:
@@ -114,37 +113,50 @@ class StepRunner:
         cache.allocate(plan.capacity)
         return plan
 
-    def run(self, plan: StepPlan) -> StepResult:
-        with self.lock, torch.inference_mode():
-            self.cache.apply_moves(plan.moves)
-            logits = self._logits(plan)
-            batch = SamplingBatch.build(list(plan.params), list(plan.generators), logits.device)
-            tokens, logprobs = sample(logits, batch, self.generator)
-            # One device-to-host copy per step: float64 holds token ids and float32 values exactly.
-            ids, lps = torch.stack((tokens.to(torch.float64), logprobs.to(torch.float64))).tolist()
-            return StepResult([int(t) for t in ids], lps, self.version)
+    @property
+    def pending(self) -> StepPlan | None:
+        """The plan whose step is queued and whose results `run` or `flush` has not returned yet."""
+        return None if self._launched is None else self._launched.plan
 
-    def _logits(self, plan: StepPlan) -> torch.Tensor:
-        """Decode rows then prefill rows, (rows, V) float32."""
-        num_decode = len(plan.decode_tokens)
-        lengths = [len(c) for c in plan.prefill_contexts]
-        need = max([p + 1 for p in plan.decode_positions] + lengths)
-        self.cache.reserve(plan.num_rows, need)
-        parts: list[torch.Tensor] = []
+    def run(self, plan: StepPlan) -> tuple[StepPlan, StepResult] | None:
+        """Queue `plan`'s step, then return the previous step's plan and results (None when
+        there was none): on a GPU the device runs `plan` while the host reads the last step."""
+        with self.lock, torch.inference_mode():
+            previous, self._launched = self._launched, self._launch(plan)
+        return None if previous is None else self._results.read(previous)
+
+    def flush(self) -> tuple[StepPlan, StepResult] | None:
+        """The last queued step's plan and results (None when none is queued)."""
+        launched, self._launched = self._launched, None
+        return None if launched is None else self._results.read(launched)
+
+    def drop(self) -> None:
+        """Forget the queued step (it failed, or the loop that planned it is gone)."""
+        self._launched = None
+
+    def _launch(self, plan: StepPlan) -> _Launched:
+        """Moves, forwards and sampling of `plan`, then its results' copy to the host, all queued."""
+        self.cache.apply_moves(plan.moves)
+        self.sampler.apply_moves(plan.moves)
+        num_decode = len(plan.decode_positions)
+        last_positions = [*plan.decode_positions, *(len(c) - 1 for c in plan.prefill_contexts)]
+        self.cache.reserve(plan.num_rows, max(last_positions) + 1)
+        mode = self.sampler.set_rows(last_positions, plan.keys, plan.params)
         if num_decode and self.graphs is not None:
-            parts.append(self.graphs(plan.decode_tokens, plan.decode_positions))
+            self.graphs(plan.decode_positions, mode)
         elif num_decode:
-            host = torch.tensor((plan.decode_tokens, plan.decode_positions), dtype=torch.int64)
-            tokens, positions = to_device(host, self.device)
-            if isinstance(self.forward, BatchedForward):  # the attended length from the host: no sync
-                assert isinstance(self.cache, SlotKVCache)
-                length = max(plan.decode_positions) + 1
-                parts.append(self.forward.decode(self.cache, tokens, positions, length=length))
-            else:
-                parts.append(self.forward.decode(self.cache, tokens, positions))
-        if lengths:
-            parts.append(self._prefill(plan.prefill_contexts, num_decode))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+            self.sampler.sample_rows(self._decode(num_decode, max(plan.decode_positions) + 1), 0, mode)
+        if plan.prefill_contexts:
+            self.sampler.sample_rows(self._prefill(plan.prefill_contexts, num_decode), num_decode, mode)
+        return self._results.copy(plan, self.version, self.sampler)
+
+    def _decode(self, rows: int, length: int) -> torch.Tensor:
+        """Eager decode of rows 0..rows-1 from the sampler's tokens and positions, (rows, V) float32."""
+        tokens, positions = self.sampler.tokens[:rows], self.sampler.positions(rows)
+        if isinstance(self.forward, BatchedForward):  # the attended length from the host: no sync
+            assert isinstance(self.cache, SlotKVCache)
+            return self.forward.decode(self.cache, tokens, positions, length=length)
+        return self.forward.decode(self.cache, tokens, positions)
 
     def _prefill(self, contexts: tuple[tuple[int, ...], ...], first_slot: int) -> torch.Tensor:
         """Prefill rows into slots first_slot.. ; identical contexts (a GRPO group's n samples
@@ -197,3 +209,50 @@ class StepRunner:
             loaded = load_into(self.model, named_tensors)
             self.version = version
         return loaded
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """A queued step: its plan, the weights' version it ran under, where its results land."""
+
+    plan: StepPlan
+    version: int
+    host: torch.Tensor  # (2, rows) float64 on the host: token ids, log-probs
+    ready: torch.cuda.Event | None  # recorded after the copy (CUDA); None on the CPU
+
+
+class _Results:
+    """The one device-to-host copy of a step's results: token ids and log-probs as one float64
+    (2, rows) tensor (float64 holds both exactly).
+
+    On CUDA it goes into one of two pinned host buffers, used in turn, non-blocking, and an
+    event marks its end, so reading a step's results waits for that step only, not for the one
+    queued after it. On the CPU the stacked tensor is the host copy already.
+    """
+
+    def __init__(self, max_rows: int, device: torch.device) -> None:
+        cuda = device.type == "cuda"
+        # flat, so that the first 2 * rows elements are a contiguous (2, rows): an asynchronous copy
+        self._pinned = [torch.zeros(2 * max_rows, dtype=torch.float64, device="cpu", pin_memory=True)
+                        for _ in range(2)] if cuda else None
+        self._turn = 0
+
+    def copy(self, plan: StepPlan, version: int, sampler: DeviceSampler) -> _Launched:
+        rows = plan.num_rows
+        both = torch.stack((sampler.tokens[:rows].double(), sampler.logprobs[:rows].double()))
+        if self._pinned is None:
+            return _Launched(plan, version, both, None)
+        host = self._pinned[self._turn][: 2 * rows].view(2, rows)
+        self._turn ^= 1
+        host.copy_(both, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return _Launched(plan, version, host, ready)
+
+    @staticmethod
+    def read(launched: _Launched) -> tuple[StepPlan, StepResult]:
+        """Wait for the step's copy (not for later steps) and read it: the step's one host read."""
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        ids, logprobs = launched.host.tolist()
+        return launched.plan, StepResult([int(t) for t in ids], logprobs, launched.version)

@@ -26,7 +26,6 @@ requests waiting than `min_free_slots`, as many free slots as there are requests
 
 from __future__ import annotations
 
-import random
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -40,11 +39,10 @@ class StepPlan:
     """What one model step computes. Rows: decode rows (slot i = row i), then prefill rows."""
 
     moves: tuple[tuple[int, int, int], ...]  # (src_slot, dst_slot, length), applied in order
-    decode_tokens: tuple[int, ...]  # last sampled token of each decode row
-    decode_positions: tuple[int, ...]  # where that token goes in the row's cache slot
+    decode_positions: tuple[int, ...]  # where each decode row's last sampled token goes in its cache slot
     prefill_contexts: tuple[tuple[int, ...], ...]  # prompt + generated, from position 0
     params: tuple[SamplingParams, ...]
-    generators: tuple[random.Random | None, ...]  # per-row sampling RNG (seeded requests)
+    keys: tuple[int, ...]  # per-row sampling key (`Sequence.sample_key`)
     seqs: tuple[Sequence, ...]  # for apply(); the step thread must not read these
 
     @property
@@ -122,28 +120,33 @@ class Scheduler:
         rows = decode + admitted
         plan = StepPlan(
             moves=tuple(self._moves),
-            decode_tokens=tuple(s.response_ids[-1] for s in decode),
             decode_positions=tuple(s.cached_len for s in decode),
             prefill_contexts=tuple(tuple(s.context_ids) for s in admitted),
             params=tuple(s.request.params for s in rows),
-            generators=tuple(s.generator for s in rows),
+            keys=tuple(s.sample_key for s in rows),
             seqs=tuple(rows),
         )
         self._moves = []
+        # What the step caches is known now, before its token is: the engine plans the next
+        # step while this one runs (its decode rows read the sampled tokens on the device).
+        for seq in decode:
+            seq.cached_len += 1
+        for seq in admitted:
+            seq.cached_len = seq.context_len
+        for seq in rows:
+            seq.in_flight += 1
         self.step_counts.update(steps=1, decode=num_decode > 0, prefill=bool(admitted), moves=bool(plan.moves))
         return plan
 
     def apply(self, plan: StepPlan, result: StepResult) -> list[Sequence]:
-        """Append each row's new token; returns sequences that just finished (not aborted ones)."""
+        """Append each row's new token; returns sequences that just finished (not aborted ones).
+        A row that finished at an earlier step (its extra step, when the engine planned this one
+        before reading that) or was aborted meanwhile drops its token."""
         finished: list[Sequence] = []
-        num_decode = len(plan.decode_tokens)
         for row, seq in enumerate(plan.seqs):
-            if seq.finish_reason is not None:  # aborted while the step ran: drop its token
+            seq.in_flight -= 1
+            if seq.finish_reason is not None:
                 continue
-            if row < num_decode:
-                seq.cached_len = plan.decode_positions[row] + 1
-            else:
-                seq.cached_len = len(plan.prefill_contexts[row - num_decode])
             seq.append(result.tokens[row], result.logprobs[row], result.version)
             if seq.first_token_at is None:
                 seq.first_token_at = time.perf_counter()
@@ -183,6 +186,8 @@ class Scheduler:
         longest = 0
         admitted: list[Sequence] = []
         while self.waiting and len(self.running) < self.max_num_seqs:
+            if self.waiting[0].in_flight:  # preempted while its last token was sampled: prefill it once known
+                break
             n = self.waiting[0].context_len
             if used + n > self.kv_budget_tokens:
                 break

@@ -7,10 +7,10 @@ request ids to futures.
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass, field
 
+from asyncrl.rollout.sampler import request_key
 from asyncrl.types import FinishReason, GenerationRequest, Trajectory
 
 
@@ -20,31 +20,31 @@ class Sequence:
 
     request: GenerationRequest
     stop_ids: frozenset[int]
-    generator: random.Random | None  # per-request sampling RNG when the request has a seed
+    sample_key: int  # the counter-based sampler's key (`asyncrl.rollout.sampler`)
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     slot: int = -1
-    cached_len: int = 0  # positions whose K/V are in this sequence's cache slot
+    cached_len: int = 0  # positions whose K/V are in its cache slot once the planned steps have run
     admit_order: int = -1  # larger = admitted later; the youngest is preempted first
+    in_flight: int = 0  # planned steps whose token is not applied yet (the engine reads a step late)
     finish_reason: FinishReason | None = None
     submitted_at: float = field(default_factory=time.perf_counter)
     first_admitted_at: float | None = None
     first_token_at: float | None = None  # when the first token of this call was applied
 
     @staticmethod
-    def from_request(request: GenerationRequest, eos_ids: tuple[int, ...]) -> Sequence:
+    def from_request(request: GenerationRequest, eos_ids: tuple[int, ...], unseeded_key: int = 0) -> Sequence:
+        """`unseeded_key`: the sampling key of a request without a seed (the engine draws one per
+        request from its own seed); a seeded request's is `request_key(seed)`."""
         params = request.params
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop.update(eos_ids)
-        generator = None
-        if params.seed is not None and params.temperature > 0:
-            generator = random.Random(params.seed)
         return Sequence(
             request=request,
             stop_ids=frozenset(stop),
-            generator=generator,
+            sample_key=unseeded_key if params.seed is None else request_key(params.seed),
             response_ids=list(request.prefix_ids),
             logprobs=list(request.prefix_logprobs),
             versions=list(request.prefix_versions),

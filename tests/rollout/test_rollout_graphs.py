@@ -63,8 +63,9 @@ def test_the_attention_length_key_follows_the_rows_and_equals_dynamic(arch, temp
     lengths = lengths_first_seen(eng._runner.graphs.steps)
     # the growing CPU cache starts at 64 positions, then 128 is the floor; 512 once past 256
     assert lengths == sorted(lengths) and set(lengths) == {64, 128, 256, 512}
-    # the longest row (9 + 300 tokens) decodes 299 times: one step per token after the prefill's
-    assert sum(eng._runner.graphs.steps.values()) == 299
+    # the longest row (9 + 300 tokens) decodes 299 times, one step per token after the prefill's,
+    # and once more: its finish is read a step late (the extra token is dropped)
+    assert sum(eng._runner.graphs.steps.values()) == 299 + 1
     eng.close()
 
 

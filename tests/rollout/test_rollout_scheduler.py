@@ -40,7 +40,7 @@ def test_admission_waits_for_min_free_slots_unless_the_queue_is_shorter() -> Non
     step(sched)  # nothing runs: admit what fits (s0..s3)
     step(sched)  # s0 finishes (max_tokens 2)
     plan = sched.schedule()  # 1 free < min(3, 3 waiting): decode only
-    assert plan is not None and not plan.prefill_contexts and len(plan.decode_tokens) == 3
+    assert plan is not None and not plan.prefill_contexts and len(plan.decode_positions) == 3
     sched.apply(plan, StepResult([5] * 3, [-1.0] * 3, 0))  # s1 finishes
     sched.apply(_planned(sched), StepResult([5] * 2, [-1.0] * 2, 0))  # s2 finishes; 2 free < 3
     plan = sched.schedule()  # 3 free: s4, s5, s6 share one prefill
@@ -74,7 +74,7 @@ def test_leaving_sequence_is_replaced_by_the_last_slot() -> None:
     seqs[1].finish_reason = "aborted"
     plan = sched.schedule()
     assert plan is not None
-    assert plan.moves == ((3, 1, seqs[3].cached_len),)
+    assert plan.moves == ((3, 1, seqs[3].cached_len - 1),)  # what was cached before this step's token
     assert [s.request_id for s in sched.running] == ["s0", "s3", "s2"]
     assert [s.slot for s in sched.running] == [0, 1, 2]
 
