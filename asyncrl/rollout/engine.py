@@ -96,7 +96,7 @@ class TorchEngine:
                 model, max_num_seqs=settings.max_num_seqs, device=settings.device, version=version,
                 forward=settings.forward, static_decode=settings.decode_graphs,
                 max_model_len=settings.model_len, gpu_memory_utilization=settings.gpu_memory_utilization,
-                max_prefill_tokens=settings.max_prefill_tokens,
+                max_prefill_tokens=settings.max_prefill_tokens, decode_attention=settings.decode_attention,
                 fused_decode=settings.fused_decode, packed_prefill=settings.packed_prefill,
             )
         self._vocab_size = self._runner.forward.vocab_size

@@ -1,18 +1,22 @@
-"""Decode steps over static buffers, keyed by (batch bucket, attention length), replayed from
-CUDA graphs.
+"""Decode steps over static buffers, keyed by batch bucket (and attention length, on the matmul
+attention path), replayed from CUDA graphs.
 
 On a GPU an eager decode step of a small model is bound by kernel launches (issue 13: ~110 ms
 eager against 2.7 ms captured for a 0.5B model at batch 64). `BucketedDecode` pads each step's
-decode rows up to a bucket size (1, 2, 4, 8, then multiples of 16), copies positions into a static
-input buffer, reads each row's input token from the sampler's device buffer (the token its slot
-sampled last step), runs the fast forward and samples every row into the sampler's buffers
-(`asyncrl.rollout.sampler.DeviceSampler`), with every shape fixed: attention reads the
-first L cached positions, L = `attention_length` (a power of two >= the furthest row's position
-+ 1, at least 128, at most the cache's capacity), masked per row, over a static `SlotKVCache`.
-Reading L rather than the whole capacity keeps a short-context step from paying for a cache
-sized for the longest sequence.
+decode rows up to a bucket size (1, 2, 4, 8, then multiples of 16), copies positions and lengths
+into static input buffers, reads each row's input token from the sampler's device buffer (the
+token its slot sampled last step), runs the fast forward and samples every row into the
+sampler's buffers (`asyncrl.rollout.sampler.DeviceSampler`), every shape fixed, over a static
+`SlotKVCache`. What attention reads depends on the forward's path (`asyncrl.rollout.attention`):
+- triton (CUDA's default): each row's own length (position + 1; 0 for a padding row) from the
+  static input buffer, so the key is the bucket alone (its length part is 0): one graph per bucket;
+- matmul (the CPU's): the first L cached positions of every row, L = `attention_length` (a power
+  of two >= the furthest row's position + 1, at least 128, at most the cache's capacity), masked
+  per row; reading L rather than the whole capacity keeps a short-context step from paying for a
+  cache sized for the longest sequence, and the key is (bucket, L).
+`kv_reads` sums what each would read (`KVReads`; `kv_bytes_per_step` for the engine bench).
 
-On CUDA each (bucket, L, sampling mode) step is captured once, lazily, into a `torch.cuda.CUDAGraph`; all graphs
+On CUDA each key, with the step's sampling mode, is captured once, lazily, into a `torch.cuda.CUDAGraph`; all graphs
 share one memory pool and write their logits into one output buffer (so the pool holds one
 step's temporaries, not one set per graph). Capture uses `capture_error_mode="thread_local"`:
 the engine's step thread captures while a trainer thread in the same process may run CUDA work,
@@ -21,10 +25,10 @@ valid across syncs. A cache whose buffers are replaced bumps its `generation`, a
 the old buffers are captured again (the sized GPU cache is allocated once; on the CPU the cache
 grows, but nothing is captured there).
 
-Padding rows (position 0, whatever token their slot sampled last) sit in the slots after the
-real rows: those are free or belong to this step's prefill rows, whose K/V and sampled tokens
-are written after the decode. What they sample is never read. On CPU the same code runs eagerly
-(`capture=False`), which is how the tests check it.
+Padding rows (position 0, length 0, whatever token their slot sampled last) sit in the slots
+after the real rows: those are free or belong to this step's prefill rows, whose K/V and sampled
+tokens are written after the decode. What they sample is never read. On CPU the same code runs
+eagerly (`capture=False`), which is how the tests check it.
 
 `BucketedPrefill` does the same for the packed prefill on CUDA (`asyncrl.rollout.prefill`): its
 token count rounded up to a bucket, one graph per (token bucket, row bucket).
@@ -37,6 +41,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -70,9 +75,27 @@ def attention_length(max_position: int, capacity: int, minimum: int = MIN_ATTENT
     return min(length, capacity)
 
 
+@dataclass
+class KVReads:
+    """Cached positions the decode attention reads, summed over decode steps: `real`, each row's
+    own length (what the split-KV kernel reads); `padded`, the bucket's rows to the attention
+    length (what the matmul path reads, padding rows included).
+
+    Example: rows at positions 99 and 299 in bucket 2: real 100 + 300 = 400, padded 2 x 512 = 1,024."""
+
+    steps: int = 0
+    real: int = 0
+    padded: int = 0
+
+    def add(self, positions: Sequence[int], bucket: int, capacity: int) -> None:
+        self.steps += 1
+        self.real += sum(positions) + len(positions)
+        self.padded += bucket * attention_length(max(positions), capacity)
+
+
 class BucketedDecode:
-    """Decode and sample rows through static buffers, one graph per (bucket, attention length,
-    sampling mode) when `capture`."""
+    """Decode rows through static buffers, one graph per key (bucket, attention length; 0 when
+    the forward reads real lengths; and the sampling mode) when `capture`."""
 
     def __init__(self, forward: BatchedForward, cache: SlotKVCache, max_rows: int, sampler: DeviceSampler, *,
                  capture: bool) -> None:
@@ -89,11 +112,15 @@ class BucketedDecode:
         """Wall time spent capturing them (warm-up run included)."""
         self.steps: Counter[tuple[int, int]] = Counter()
         """Decode steps per (bucket, attention length) key, keys in the order first run."""
+        self.kv_reads = KVReads()
+        """KV positions read by the steps so far, real and padded (`kv_bytes_per_step`)."""
+        self._reads_length = forward.attention == "triton"
         device = cache.device
-        self._positions = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self._inputs = torch.zeros(max_rows, 2, dtype=torch.int64, device=device)  # (rows, position|length)
         self._logits = torch.zeros(max_rows, forward.vocab_size, dtype=torch.float32, device=device)
         # (bucket, length, sampling mode) -> (graph, the cache generation it was captured over)
         self._graphs: dict[tuple[int, int, SamplingMode], tuple[torch.cuda.CUDAGraph, int]] = {}
+        self._modes: dict[tuple[int, int], SamplingMode] = {}  # key -> the sampling mode it last ran
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     def __call__(self, positions: Sequence[int], mode: SamplingMode) -> None:
@@ -101,12 +128,16 @@ class BucketedDecode:
         sampled token, sampled under `mode` into the sampler's `tokens` and `logprobs`."""
         b = len(positions)
         size = next(s for s in self.sizes if s >= b)
-        length = attention_length(max(positions), self.cache.capacity)
-        host = torch.zeros(size, dtype=torch.int64)  # padding rows at position 0
-        host[:b] = torch.tensor(positions, dtype=torch.int64)
-        copy_from_host(self._positions[:size], host)
+        # the kernel reads each row's length from the inputs: no length in the key, one graph per bucket
+        length = 0 if self._reads_length else attention_length(max(positions), self.cache.capacity)
+        host = torch.zeros(size, 2, dtype=torch.int64)  # padding rows: position 0, length 0
+        host[:b, 0] = torch.tensor(positions, dtype=torch.int64)
+        host[:b, 1] = host[:b, 0] + 1
+        copy_from_host(self._inputs[:size], host)
+        self.kv_reads.add(positions, size, self.cache.capacity)
         key = (size, length)
         self.steps[key] += 1
+        self._modes[key] = mode
         if not self.capture:
             self._run(size, length, mode)
             return
@@ -116,9 +147,18 @@ class BucketedDecode:
         graph.replay()
 
     def _run(self, size: int, length: int, mode: SamplingMode) -> None:
-        logits = self._logits[:size]
-        self.forward.decode(self.cache, self.sampler.tokens[:size], self._positions[:size], length=length, out=logits)
+        inputs, logits = self._inputs[:size], self._logits[:size]
+        self.forward.decode(self.cache, self.sampler.tokens[:size], inputs[:, 0], length=length or None,
+                            lengths=inputs[:, 1], out=logits)
         self.sampler.sample_rows(logits, 0, mode)
+
+    def kv_bytes_per_step(self) -> dict[str, float]:
+        """Mean KV-cache bytes (K and V, every layer) decode attention reads per step so far:
+        `real` (each row's own length), `padded` (the matmul path: the bucket's rows to the
+        attention length) and `read` (the path this forward takes). For the engine bench."""
+        per_step = self.cache.bytes_per_token / max(self.kv_reads.steps, 1)
+        real, padded = self.kv_reads.real * per_step, self.kv_reads.padded * per_step
+        return {"real": real, "padded": padded, "read": real if self._reads_length else padded}
 
     def _capture(self, size: int, length: int, mode: SamplingMode) -> torch.cuda.CUDAGraph:
         """Warm up on a side stream (as torch requires before capture), then capture. Both see
@@ -139,6 +179,23 @@ class BucketedDecode:
         self.captures += 1
         self.capture_s += time.perf_counter() - start
         return graph
+
+    def replay_s(self, key: tuple[int, int], iters: int) -> float:
+        """Mean seconds of one replay of `key`'s step (its graph on CUDA, eager on the CPU), for the
+        engine bench's own-mix floor. Replays rewrite the cache positions that step wrote: run it
+        only after the engine is done with the cache."""
+        mode = self._modes[key]
+        graph = self._graphs[(*key, mode)][0] if self.capture else None
+        step = graph.replay if graph is not None else lambda: self._run(*key, mode)
+        step()
+        if self.capture:
+            torch.cuda.synchronize(self.cache.device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            step()
+        if self.capture:
+            torch.cuda.synchronize(self.cache.device)
+        return (time.perf_counter() - start) / iters
 
 
 MIN_PREFILL_TOKENS = 64

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from asyncrl.config.names import FusedDecode, PackedPrefill
+from asyncrl.config.names import DecodeAttention, FusedDecode, PackedPrefill
 from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
+from asyncrl.rollout.attention import resolve
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.generic import StepCache, StepForward, build_forward
 from asyncrl.rollout.graphs import BucketedDecode, BucketedPrefill
@@ -55,6 +56,7 @@ class StepRunner:
         max_model_len: int = 32768,
         gpu_memory_utilization: float = 0.5,
         max_prefill_tokens: int = 4096,
+        decode_attention: DecodeAttention = "auto",
         fused_decode: FusedDecode = "auto",
         packed_prefill: PackedPrefill = "auto",
     ) -> None:
@@ -65,6 +67,7 @@ class StepRunner:
             raise ConfigError(f"the model is on {weights_on} but device={device!r}; move the model")
         self.forward: StepForward
         self.forward, self.fast_path_problem = build_forward(model, forward,
+                                                             attention=resolve(decode_attention, self.device),
                                                              fused=use_fused_decode(fused_decode, self.device))
         self.cache: StepCache = self.forward.new_cache(max_num_seqs, self.device)
         self.max_num_seqs = max_num_seqs
