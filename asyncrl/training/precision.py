@@ -13,8 +13,9 @@ nearest, exactly as `.to(bfloat16)` rounds). `at_masters()` swaps the masters in
 duration of a block, so saving, loading, LoRA merging and the engines' export read and write
 float32 exactly as on the autocast path: checkpoints and exported weights are the same bits.
 
-Several ranks: FSDP2 itself (`fsdp.shard(model, policy)`): its sharded float32 parameters are the
-masters (`OwnWeights`), the policy casts the gathered ones to bf16.
+Several ranks: FSDP2 itself (`fsdp.shard(model, param_dtype)`, under `MixedPrecisionPolicy`): its
+sharded float32 parameters are the masters (`OwnWeights`), the policy casts the gathered ones to
+bf16 and reduces gradients in float32.
 
 Why not FSDP2 on a one-rank group: the pipelines run one trainer process with no process group;
 FSDP2 there would need one (gloo or NCCL, per trainer process), turn every parameter into a
