@@ -12,6 +12,10 @@ from tests.rollout.triton_interpret import INTERPRET  # first: sets TRITON_INTER
 # isort: split
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,6 +109,38 @@ def test_split_kv_equals_float64_attention_over_each_rows_length(dtype: torch.dt
         assert torch.isfinite(got).all()  # no NaN read
         assert_within(got, want, bound(q, keys, values, LENGTHS, splits, want), f"{dtype} G={groups} S={splits}")
         assert (got[torch.tensor(LENGTHS) == 0] == 0).all()  # padding rows: zeros
+
+
+COMPILE_FOR_SM90 = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from asyncrl.rollout.kernels import decode_attention as m
+
+def compile_for_gpu(fn, types, consts):
+    signature = {name: "constexpr" if name in consts else types[name] for name in fn.arg_names}
+    triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+
+ints = "length_row q_row q_head k_slot k_head k_pos v_slot v_head v_pos o_row o_head o_split l_row l_head"
+for dtype, splits in (("bf16", 1), ("bf16", 8), ("fp32", 8)):
+    out = f"*{dtype}" if splits == 1 else "*fp32"
+    types = dict(q_ptr=f"*{dtype}", k_ptr=f"*{dtype}", v_ptr=f"*{dtype}", lengths_ptr="*i64", out_ptr=out,
+                 lse_ptr=out, scale="fp32", **{name: "i32" for name in ints.split()})
+    compile_for_gpu(m._split_kv_kernel, types, dict(GROUPS=7, BLOCK_G=16, HEAD_DIM=64, BLOCK_D=64, BLOCK_N=64,
+                                                    SPLITS=splits))
+types = dict(part_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16",
+             **{name: "i32" for name in "p_row p_head p_split l_row l_head o_row o_head".split()})
+compile_for_gpu(m._combine_kernel, types, dict(HEAD_DIM=64, BLOCK_D=64, SPLITS=8, BLOCK_S=8))
+"""
+
+
+def test_the_kernels_compile_for_a_gpu_without_one() -> None:
+    """The interpreter runs Python, not Triton's compiler: compile both kernels for an H100/H200
+    (sm_90, through ptxas) at Qwen2-0.5B's shape in a process without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_split_count_fills_the_device_within_the_capacity() -> None:
