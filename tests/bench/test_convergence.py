@@ -1,0 +1,43 @@
+"""bench/convergence.py's arithmetic: the parity verdict and the per-mode summary, on hand-made results."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.convergence import curve, parity, summarize
+
+
+def test_parity_docstring_example_and_the_other_verdicts() -> None:
+    p = parity([0.01, -0.01, 0.0, 0.02, -0.02])
+    # sd = sqrt(0.001 / 4) = 0.0158114; half-width = 2.776 x 0.0158114 / sqrt(5) = 0.0196293
+    assert p["verdict"] == "at parity" and p["ci95"] == pytest.approx([-0.0196293, 0.0196293], rel=1e-5, abs=1e-7)
+    assert parity([-0.05, -0.06, -0.04, -0.05, -0.055])["verdict"] == "below"
+    assert parity([0.01, 0.0, 0.02])["verdict"] == "not shown"  # an interval above -0.03, but only 3 seeds
+    assert parity([0.1, -0.1, 0.05, 0.0, -0.05])["verdict"] == "not shown"  # straddles -0.03
+
+
+def test_curve_counts_updates_and_wall_time_with_validation() -> None:
+    rows = [{"step": 0, "timing_s/testing": 1.0, "val/score/mean": 0.2, "val-core/a/reward/pass@4": 0.5},
+            {"step": 1, "timing_s/step": 2.0},
+            {"step": 2, "timing_s/step": 3.0, "timing_s/testing": 1.0, "val/score/mean": 0.4}]
+    assert curve(rows, 8) == [{"samples": 0, "wall_s": 1.0, "score": 0.2, "pass": 0.5},
+                              {"samples": 16, "wall_s": 7.0, "score": 0.4, "pass": None}]
+
+
+def result(mode: str, seed: int, scores: list[float], walls: list[float]) -> dict:
+    points = [{"samples": 16 * i, "wall_s": w, "score": s, "pass": None} for i, (s, w) in enumerate(zip(scores, walls))]
+    return {"mode": mode, "task": "arithmetic", "seed": seed, "points": points, "samples_per_s": 10.0}
+
+
+def test_summary_time_to_ninety_percent_and_paired_parity() -> None:
+    results = [result("colocated", s, [0.1, 0.5, 0.6], [0, 10, 20]) for s in range(5)]
+    results += [result("fa_partial", s, [0.1, 0.55, 0.6 - 0.01 * s], [0, 4, 8]) for s in range(5)]
+    summary = summarize(results)["arithmetic"]
+    # target 0.9 x 0.6 = 0.54: colocated reaches it at its last validation (20 s), fa_partial at 4 s
+    assert summary["colocated"]["time_to_90pct_s"] == 20 and summary["fa_partial"]["time_to_90pct_s"] == 4
+    fa = summary["fa_partial"]
+    assert fa["final_mean"] == pytest.approx(0.58, rel=1e-12, abs=1e-12)
+    # paired diffs 0, -0.01, -0.02, -0.03, -0.04: mean -0.02, half-width 0.0196293 -> [-0.0396, -0.0004],
+    # which straddles -0.03: not shown (five seeds are not enough to call it either way)
+    assert fa["parity"]["ci95"] == pytest.approx([-0.0396293, -0.0003707], rel=1e-4, abs=1e-7)
+    assert fa["parity"]["verdict"] == "not shown"
