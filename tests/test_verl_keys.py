@@ -19,6 +19,7 @@ from asyncrl import config as C
 from asyncrl.config import load_config, resolve
 from asyncrl.config.keys import leaf_keys, suggestions, value_at
 from asyncrl.config.verl import NOT_MODELLED, TABLE, VERL_DEFAULTS, is_verl_key, renamed_keys
+from asyncrl.config.verl_reference import BEGIN, END, key_class, reference
 from asyncrl.data.dataset import write_parquet
 from asyncrl.data.tasks import make_task
 from asyncrl.errors import ConfigError
@@ -149,8 +150,8 @@ def test_no_key_of_a_recipe_is_silently_dropped(recipe: str, env: dict[str, str]
         key = arg.partition("=")[0].lstrip("+")
         assert key in TABLE or key in leaf_keys() or key in translation.not_modelled, key
     mapped = {key for key in translation.not_modelled if key in TABLE}
-    assert mapped <= {"data.truncation", "reward_model.reward_manager",
-                      "actor_rollout_ref.actor.ulysses_sequence_parallel_size"}  # values asyncrl does not have
+    assert mapped <= {"actor_rollout_ref.actor.ulysses_sequence_parallel_size",  # values asyncrl does not have
+                      "algorithm.rollout_correction.rollout_rs", "algorithm.rollout_correction.rollout_rs_threshold"}
 
 
 SPEED = {"one_step_off": ["trainer.total_training_steps=2"], "fully_async": ["rollout.total_rollout_steps=256"]}
@@ -176,6 +177,8 @@ def test_the_table_covers_every_key_of_verls_config() -> None:
         tree = yaml.safe_load((RECIPES / "config" / name).read_text())
         verl |= set(_leaves({k: v for k, v in tree.items() if k not in ("hydra", "defaults")}))
     assert [k for k in sorted(verl) if not (is_verl_key(k) or k in leaf_keys())] == []
+    classes = {key_class(k) for k in verl if k not in leaf_keys()}  # a key of ours under its own name is read as ours
+    assert classes <= {"mapped", "fixed", "knob", "chat template", "model override"}, classes
     dapo_recipe = {"algorithm.filter_groups.enable", "algorithm.filter_groups.max_num_gen_batches",
                    "reward_model.reward_kwargs.max_resp_len"}
     # DAPO's YAML (reward_model.overlong_buffer.*) and its recipes' `+reward_model.reward_kwargs.overlong_buffer_cfg.*`
@@ -402,3 +405,11 @@ def test_validation_sampling_keys_map_and_reach_the_requests() -> None:
     cfg = load_config(None, [f"{val}.top_p=0.7", f"{val}.top_k=0", f"{val}.temperature=0.6"])
     params = RequestBuilder(cfg.rollout, max_tokens=8, seed=0).sampling_params("val")
     assert (params.temperature, params.top_p, params.top_k) == (0.6, 0.7, -1)
+
+
+def test_docs_list_every_verl_key_by_class_as_generated() -> None:
+    text = (Path(__file__).parents[1] / "docs" / "migrating.md").read_text()
+    assert text[text.index(BEGIN):text.index(END) + len(END)] == reference()
+    assert key_class("trainer.val_only") == "fixed" and key_class("actor_rollout_ref.actor.optim.lr") == "mapped"
+    assert key_class("actor_rollout_ref.rollout.name") == "knob"
+    assert key_class("actor_rollout_ref.model.override_config.attention_dropout") == "model override"
