@@ -211,6 +211,7 @@ def run_engine(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: in
                mean_decode_rows=useful / max(steps.decode_steps, 1),
                kv_slots=runner.max_num_seqs, kv_cache_gib=None if kv is None else kv.kv_bytes / 2**30,
                max_model_len=max_model_len, **steps.summary(), **first_token_percentiles(outs))
+    row.update({f"kv_bytes_per_step_{k}": v for k, v in graphs.kv_bytes_per_step().items()})  # real, padded, read
     row.update(on(compute, own_mix_floor, runner, args.floor_iters // 10 or 1, args.floor_budget_s))
     row["engine_vs_own_mix_floor"] = row["own_mix_floor_s"] / steady[-1] if row["own_mix_floor_s"] else None
     if args.hbm_bytes_per_s:
