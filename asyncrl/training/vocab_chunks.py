@@ -41,7 +41,7 @@ the output head's matmul (its `forward` swapped for the duration), so the model 
 it gathers them. `choose_head(model)` decides whether a model can take it and whether it pays;
 `HeadChoice` says which path runs and why, for the run's log and for tests.
 
-Not here: which positions are response tokens (the actor's `response_logits`), or the unchunked
+Not here: which positions are response tokens (`asyncrl.training.logits.response_logits`), or the unchunked
 path (`asyncrl.algorithms.logprobs`, which works from the full logits).
 """
 

@@ -83,8 +83,8 @@ def test_packed_rows_on_cuda_match_padded(path, dtype, monkeypatch):
     each path forced runs where it can; log-probs and gradients as padded."""
     from asyncrl.algorithms.logprobs import logprobs_from_logits
     from asyncrl.training import packed_attention
-    from asyncrl.training.actor import response_logits
     from asyncrl.training.batch import build_batch
+    from asyncrl.training.logits import response_logits
     from asyncrl.training.packing import enable_packing
     from tests.training.test_packing import spread_groups
 

@@ -28,8 +28,9 @@ import torch.multiprocessing as mp
 from asyncrl.algorithms import compute_advantage
 from asyncrl.config.schema import ActorConfig
 from asyncrl.training import fsdp
-from asyncrl.training.actor import Actor, response_log_probs
+from asyncrl.training.actor import Actor
 from asyncrl.training.batch import TrainBatch, build_batch, micro_batches, split_rows
+from asyncrl.training.logits import response_log_probs
 from asyncrl.training.lora import apply_lora
 from tests.tolerances import (
     Lockstep,

@@ -18,8 +18,8 @@ import torch
 from asyncrl.errors import ConfigError
 from asyncrl.training import attention_kernels as kernels
 from asyncrl.training import packed_attention as pa
-from asyncrl.training.actor import response_logits
 from asyncrl.training.batch import build_batch
+from asyncrl.training.logits import response_logits
 from asyncrl.training.packed_attention import CALL_COST, NAME, packed_mask, row_groups, use_packed_attention
 from asyncrl.training.packing import pack
 from tests.training.helpers import tiny_lm

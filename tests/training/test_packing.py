@@ -16,7 +16,7 @@ from asyncrl.algorithms import compute_advantage
 from asyncrl.algorithms.logprobs import entropy_from_logits, logprobs_from_logits
 from asyncrl.config.schema import ActorConfig, CriticConfig, ModelConfig
 from asyncrl.errors import ConfigError
-from asyncrl.training.actor import Actor, RefWorker, response_logits
+from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.batch import (
     TrainBatch,
     build_batch,
@@ -27,6 +27,7 @@ from asyncrl.training.batch import (
     split_rows,
 )
 from asyncrl.training.critic import Critic
+from asyncrl.training.logits import response_logits
 from asyncrl.training.lora import apply_lora
 from asyncrl.training.memory import enable_gradient_checkpointing
 from asyncrl.training.packed_attention import NAME

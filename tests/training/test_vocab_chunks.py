@@ -38,9 +38,10 @@ from torch import Tensor, nn
 
 from asyncrl.config.schema import ActorConfig
 from asyncrl.scheduling.micro_budget import chunk_size
-from asyncrl.training import actor as actor_module
-from asyncrl.training.actor import Actor, RefWorker, response_logits
+from asyncrl.training import logits as logits_module
+from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.batch import build_batch
+from asyncrl.training.logits import response_logits
 from asyncrl.training.vocab_chunks import (
     CPU_MIN_VOCAB,
     HeadChoice,
@@ -311,15 +312,15 @@ def test_tied_model_log_probs_entropies_and_gradients_equal_full_logits(pack):
 
 
 def fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Temperatures `fused_head` is entered with from the actor module."""
+    """Temperatures `fused_head` is entered with from the logits module (the actor's forwards)."""
     calls: list[float] = []
-    real = actor_module.fused_head
+    real = logits_module.fused_head
 
     def spy(model: nn.Module, labels: Tensor, temperature: float):
         calls.append(temperature)
         return real(model, labels, temperature)
 
-    monkeypatch.setattr(actor_module, "fused_head", spy)
+    monkeypatch.setattr(logits_module, "fused_head", spy)
     return calls
 
 
