@@ -35,7 +35,7 @@ from asyncrl.rollout.kernels import use_fused_decode
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.memory import KVPlan, ModelShape, activation_reserve_bytes, device_memory, plan_kv_cache
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, pack_prompts, prefill_path
-from asyncrl.rollout.sampler import DeviceSampler
+from asyncrl.rollout.sampler import DeviceSampler, SamplingMode
 from asyncrl.rollout.scheduler import StepPlan, StepResult
 from asyncrl.rollout.settings import ForwardChoice
 from asyncrl.rollout.transfer import to_device
@@ -98,6 +98,10 @@ class StepRunner:
         self.version = version
         self._results = _Results(max_num_seqs, self.device)
         self._launched: _Launched | None = None
+        # the rows whose sampling settings the sampler holds, and their mode: most steps run the
+        # last step's rows again, and then send positions only
+        self._sampled_rows: tuple[object, ...] = ()
+        self._mode = SamplingMode.of([])
 
     def _allocate_static(self, forward: BatchedForward, cache: SlotKVCache, max_model_len: int,
                          fraction: float, max_prefill_tokens: int) -> KVPlan | None:
@@ -144,14 +148,22 @@ class StepRunner:
         num_decode = len(plan.decode_positions)
         last_positions = [*plan.decode_positions, *(len(c) - 1 for c in plan.prefill_contexts)]
         self.cache.reserve(plan.num_rows, max(last_positions) + 1)
-        mode = self.sampler.set_rows(last_positions, plan.keys, plan.params)
+        if plan.seqs != self._sampled_rows:  # Sequence compares by identity
+            self._mode = self.sampler.set_rows(plan.keys, plan.params)
+            self._sampled_rows = plan.seqs
+        self.sampler.set_positions(last_positions)
+        mode = self._mode
+        sampled = None  # the step's (tokens, logprobs) when one call sampled every row
         if num_decode and self.graphs is not None:
             self.graphs(plan.decode_positions, mode)
         elif num_decode:
-            self.sampler.sample_rows(self._decode(num_decode, max(plan.decode_positions) + 1), 0, mode)
+            sampled = self.sampler.sample_rows(self._decode(num_decode, max(plan.decode_positions) + 1), 0, mode)
         if plan.prefill_contexts:
-            self.sampler.sample_rows(self._prefill(plan.prefill_contexts, num_decode), num_decode, mode)
-        return self._results.copy(plan, self.version, self.sampler)
+            prefilled = self.sampler.sample_rows(self._prefill(plan.prefill_contexts, num_decode), num_decode, mode)
+            sampled = None if num_decode else prefilled
+        if sampled is None:
+            sampled = self.sampler.tokens[: plan.num_rows], self.sampler.logprobs[: plan.num_rows]
+        return self._results.copy(plan, self.version, *sampled)
 
     def _decode(self, rows: int, length: int) -> torch.Tensor:
         """Eager decode of rows 0..rows-1 from the sampler's tokens and positions, (rows, V) float32."""
@@ -240,9 +252,10 @@ class _Results:
                         for _ in range(2)] if cuda else None
         self._turn = 0
 
-    def copy(self, plan: StepPlan, version: int, sampler: DeviceSampler) -> _Launched:
+    def copy(self, plan: StepPlan, version: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> _Launched:
+        """Queue the copy of the step's `tokens` and `logprobs` (rows,)."""
         rows = plan.num_rows
-        both = torch.stack((sampler.tokens[:rows].double(), sampler.logprobs[:rows].double()))
+        both = torch.stack((tokens.double(), logprobs.double()))
         if self._pinned is None:
             return _Launched(plan, version, both, None)
         host = self._pinned[self._turn][: 2 * rows].view(2, rows)

@@ -73,7 +73,7 @@ def uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     never pick a zero-weight first token."""
     x = mix32(((positions * GOLDEN) ^ keys) & M32)
     assert isinstance(x, torch.Tensor)
-    return torch.mul(x >> 8, -(2.0**-24)).add_(1.0)  # int64 x float: float32, the default dtype
+    return torch.rsub(x >> 8, 1.0, alpha=2.0**-24)  # 1 - alpha * x; int64 with a float: float32
 
 
 def uniform_of(key: int, position: int) -> float:
@@ -124,32 +124,39 @@ class DeviceSampler:
         self.tokens = torch.zeros(max_rows, dtype=torch.int64, device=device)
         """The last token sampled in each slot: the next decode step's input."""
         self.logprobs = torch.zeros(max_rows, dtype=torch.float32, device=device)
-        self._ints = torch.zeros(3, max_rows, dtype=torch.int64, device=device)  # position | key | top-k
+        self._positions = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self._ints = torch.zeros(2, max_rows, dtype=torch.int64, device=device)  # key | top-k
         self._floats = torch.zeros(2, max_rows, dtype=torch.float32, device=device)  # temperature | top-p
 
-    def set_rows(self, positions: Sequence[int], keys: Sequence[int], params: Sequence[SamplingParams]) -> SamplingMode:
-        """Settings of rows 0..n-1 for this step, each row's `position` that of its last input
-        token (the hash's counter); one host-to-device copy per dtype, no wait."""
+    def set_rows(self, keys: Sequence[int], params: Sequence[SamplingParams]) -> SamplingMode:
+        """Settings of rows 0..n-1 (a step whose rows are those of the last one keeps them):
+        one host-to-device copy per dtype, no wait."""
         n = len(params)
-        ints = torch.tensor([list(positions), list(keys), [p.top_k for p in params]], dtype=torch.int64)
+        ints = torch.tensor([list(keys), [p.top_k for p in params]], dtype=torch.int64)
         floats = torch.tensor([[max(p.temperature, 0.0) for p in params], [p.top_p for p in params]])
         copy_from_host(self._ints[:, :n], ints)
         copy_from_host(self._floats[:, :n], floats)
         return SamplingMode.of(params)
 
-    def positions(self, rows: int) -> torch.Tensor:
-        """The first `rows` rows' positions as set by `set_rows`, on the device."""
-        return self._ints[0, :rows]
+    def set_positions(self, positions: Sequence[int]) -> None:
+        """Each row's position of its last input token this step: the hash's counter."""
+        copy_from_host(self._positions[: len(positions)], torch.tensor(positions, dtype=torch.int64))
 
-    def sample_rows(self, logits: torch.Tensor, start: int, mode: SamplingMode) -> None:
-        """Sample rows start..start+n-1 from `logits` (n, V) float32 into `tokens` and `logprobs`."""
+    def positions(self, rows: int) -> torch.Tensor:
+        """The first `rows` rows' positions as set by `set_positions`, on the device."""
+        return self._positions[:rows]
+
+    def sample_rows(self, logits: torch.Tensor, start: int, mode: SamplingMode) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample rows start..start+n-1 from `logits` (n, V) float32 into `tokens` and `logprobs`;
+        returns those rows' (tokens, logprobs)."""
         rows = slice(start, start + logits.shape[0])
-        positions, keys, top_k = self._ints[:, rows]
+        keys, top_k = self._ints[:, rows]
         temps, top_p = self._floats[:, rows]
-        u = None if mode.all_greedy else uniforms(keys, positions)
+        u = None if mode.all_greedy else uniforms(keys, self._positions[rows])
         tokens, logprobs = sample(logits, temps, top_k, top_p, u, mode)
         self.tokens[rows] = tokens
         self.logprobs[rows] = logprobs
+        return tokens, logprobs
 
     def apply_moves(self, moves: Sequence[tuple[int, int, int]]) -> None:
         """Slot moves (src, dst, length), in order, as the KV cache applies them: one gather."""

@@ -131,9 +131,9 @@ class Scheduler:
         # step while this one runs (its decode rows read the sampled tokens on the device).
         for seq in decode:
             seq.cached_len += 1
+            seq.in_flight += 1
         for seq in admitted:
             seq.cached_len = seq.context_len
-        for seq in rows:
             seq.in_flight += 1
         self.step_counts.update(steps=1, decode=num_decode > 0, prefill=bool(admitted), moves=bool(plan.moves))
         return plan

@@ -119,8 +119,8 @@ def sampler_rows(params: list[SamplingParams], keys: list[int], positions: list[
                  logits: torch.Tensor, start: int = 0) -> tuple[list[int], list[float]]:
     """Rows start.. of a fresh DeviceSampler sampled from `logits`: their tokens and log-probs."""
     sampler = DeviceSampler(start + len(params), CPU)
-    mode = sampler.set_rows([0] * start + positions, [0] * start + keys,
-                            [SamplingParams(temperature=0.0)] * start + params)
+    mode = sampler.set_rows([0] * start + keys, [SamplingParams(temperature=0.0)] * start + params)
+    sampler.set_positions([0] * start + positions)
     sampler.sample_rows(logits, start, mode)
     rows = slice(start, start + len(params))
     return sampler.tokens[rows].tolist(), sampler.logprobs[rows].tolist()
@@ -176,7 +176,8 @@ def test_sampling_reads_no_tensor_on_the_host(monkeypatch) -> None:
         out = []
         for params in settings:
             sampler = DeviceSampler(4, CPU)
-            sampler.sample_rows(logits, 0, sampler.set_rows([3, 4, 5, 6], [1, 2, 3, 4], params))
+            sampler.set_positions([3, 4, 5, 6])
+            sampler.sample_rows(logits, 0, sampler.set_rows([1, 2, 3, 4], params))
             out += [sampler.tokens.clone(), sampler.logprobs.clone()]
         return out
 
