@@ -112,7 +112,7 @@ def plan_run(cfg: Config, device: str | None = None, trainer_device: TrainerDevi
     budgets = _micro_batch_budgets(cfg, device or cfg.trainer.device, trainer_device)
     return RunPlan(cfg.pipeline, per_update, total, updates, minis, optimizer_steps, per_sync, per_version, source,
                    *budgets,
-                   precision=precision_path(cfg.model.mixed_precision, cfg.model.dtype, device or cfg.trainer.device))
+                   precision=precision_path(cfg.model.mixed_precision, cfg.model.dtype))
 
 
 def _micro_batch_budgets(cfg: Config, device: str, trainer_device: TrainerDevice | None) -> tuple[int, int, str]:
@@ -148,7 +148,7 @@ def trainer_load(cfg: Config, device: str) -> TrainerLoad:
     at start-up, takes the full logits, more than this counts: set actor.ppo_micro_batch_tokens)."""
     m = cfg.model
     return TrainerLoad(compute_bytes=2 if m.dtype == "bfloat16" else 4,
-                       precision=precision_path(m.mixed_precision, m.dtype, device),
+                       precision=precision_path(m.mixed_precision, m.dtype),
                        chunked_head=device == "cuda" and not (m.lora_rank and "lm_head" in m.target_modules),
                        checkpointing=m.enable_gradient_checkpointing, lora_rank=m.lora_rank,
                        reference=cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,

@@ -38,7 +38,7 @@ batch's host-side facts (`asyncrl.training.batch.HostRows`), metrics stay device
 sums) and reach the host in one transfer per step (`to_host`), and one more read per optimizer
 step takes the gradient norm, whose finiteness decides the step. With
 `compute_dtype=torch.bfloat16` the `mixed_precision` path (`asyncrl.training.precision`) runs:
-bf16 parameters over float32 masters (FSDP2's policy; the default on CUDA) or autocast over
+bf16 parameters over float32 masters (FSDP2's policy; the default) or autocast over
 float32 parameters; log-probs, entropies and losses are float32 math either way, and
 `named_weights` gives bf16 copies of the float32 masters, what the rollout engines hold.
 
@@ -139,7 +139,7 @@ class RefWorker:
         self.model = model.eval().requires_grad_(False)
         self.temperature = temperature
         self.micro_batch_tokens = micro_batch_tokens
-        self.precision = Precision.choose(mixed_precision, compute_dtype, model_device(model))
+        self.precision = Precision.choose(mixed_precision, compute_dtype)
         if self.precision.param_dtype is not None:
             cast_params(model, self.precision.param_dtype)
         self.pack = use_remove_padding
@@ -165,7 +165,7 @@ class Actor:
                  norm_length: int, total_steps: int = 0, compute_dtype: torch.dtype = torch.float32,
                  use_remove_padding: bool = True, mixed_precision: str = "auto") -> None:
         self.sharded = fsdp.is_sharded()
-        self.precision = Precision.choose(mixed_precision, compute_dtype, model_device(model))
+        self.precision = Precision.choose(mixed_precision, compute_dtype)
         if self.sharded:
             assert not is_lora(model), \
                 "LoRA with FSDP (a process group of several ranks) is not supported: set model.lora_rank=0"

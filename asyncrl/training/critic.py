@@ -68,7 +68,7 @@ class Critic:
     def __init__(self, causal_lm: PreTrainedModel, cfg: CriticConfig, *, micro_batch_tokens: int,
                  forward_micro_batch_tokens: int, loss_agg_mode: str, compute_dtype: torch.dtype = torch.float32,
                  use_remove_padding: bool = True, mixed_precision: str = "auto") -> None:
-        self.precision = Precision.choose(mixed_precision, compute_dtype, model_device(causal_lm))
+        self.precision = Precision.choose(mixed_precision, compute_dtype)
         self.model = ValueModel(causal_lm, self.precision.autocast_dtype, use_remove_padding)
         self.weights = weights_for(self.model, self.precision)  # where the float32 masters live
         if use_remove_padding:

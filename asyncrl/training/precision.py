@@ -54,9 +54,9 @@ class Precision:
     dtype: torch.dtype
 
     @classmethod
-    def choose(cls, mode: str, dtype: torch.dtype, device: torch.device) -> Precision:
-        """`model.mixed_precision=mode` for compute dtype `dtype` on `device`."""
-        return cls(precision_path(mode, _name(dtype), device.type), dtype)
+    def choose(cls, mode: str, dtype: torch.dtype) -> Precision:
+        """`model.mixed_precision=mode` for compute dtype `dtype`."""
+        return cls(precision_path(mode, _name(dtype)), dtype)
 
     @property
     def autocast_dtype(self) -> torch.dtype:

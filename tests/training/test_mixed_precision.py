@@ -59,11 +59,13 @@ def test_the_linear_layers_run_bf16_forward_and_backward_over_float32_masters():
     assert not any(b.dtype == BF16 for b in model.buffers())  # buffers (rotary frequencies) stay float32
 
 
-def test_the_cpu_default_stays_autocast_and_float32_has_no_path():
-    assert Actor(tiny_lm(), CFG, temperature=1.0, norm_length=4, compute_dtype=BF16).precision.path == "autocast"
+def test_auto_is_param_dtype_on_the_cpu_and_float32_has_no_path():
+    assert Actor(tiny_lm(), CFG, temperature=1.0, norm_length=4, compute_dtype=BF16).precision.path == "param_dtype"
+    assert Actor(tiny_lm(), CFG, temperature=1.0, norm_length=4, compute_dtype=BF16,
+                 mixed_precision="autocast").precision.path == "autocast"
     assert Actor(tiny_lm(), CFG, temperature=1.0, norm_length=4, mixed_precision="param_dtype").precision.path == \
         "float32"
-    ref = RefWorker(tiny_lm(), 1.0, 1000, compute_dtype=BF16, mixed_precision="param_dtype")
+    ref = RefWorker(tiny_lm(), 1.0, 1000, compute_dtype=BF16)
     assert ref.precision.path == "param_dtype" and all(p.dtype == BF16 for p in ref.model.parameters())
 
 

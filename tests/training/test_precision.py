@@ -1,5 +1,7 @@
-"""Mixed precision (`compute_dtype=torch.bfloat16`): float32 master weights and optimizer state,
-bf16 forwards under autocast with float32 log-prob math, bf16 weights for the engines; and the
+"""Mixed precision on the autocast path (`compute_dtype=torch.bfloat16`,
+`mixed_precision="autocast"`; the default path is tests/training/test_mixed_precision.py's):
+float32 master weights and optimizer state, bf16 forwards under autocast with float32 log-prob
+math, bf16 weights for the engines; and the
 device round trip (a batch on the CPU in, results on the CPU out). Runs on the CPU (autocast
 supports bf16 there); tests/gpu repeats the device part on CUDA."""
 
@@ -16,7 +18,8 @@ from tests.training.test_actor import plain_log_probs, prepared_batch
 def test_bf16_compute_keeps_float32_masters_and_tracks_the_float32_log_probs():
     groups = make_groups()
     model = tiny_lm()
-    actor = Actor(model, ActorConfig(lr=1e-2), temperature=1.0, norm_length=4, compute_dtype=torch.bfloat16)
+    actor = Actor(model, ActorConfig(lr=1e-2), temperature=1.0, norm_length=4, compute_dtype=torch.bfloat16,
+                  mixed_precision="autocast")
     batch = prepared_batch(model, groups, actor)
     want = plain_log_probs(tiny_lm(), groups, 1.0)
     for i, w in enumerate(want):  # bf16 matmuls: close to float32, not equal
@@ -41,7 +44,7 @@ def test_bf16_compute_keeps_float32_masters_and_tracks_the_float32_log_probs():
 def test_results_come_back_on_the_batch_device_and_in_row_order():
     groups = make_groups()
     model = tiny_lm()
-    ref = RefWorker(model, 1.0, micro_batch_tokens=6, compute_dtype=torch.bfloat16)
+    ref = RefWorker(model, 1.0, micro_batch_tokens=6, compute_dtype=torch.bfloat16, mixed_precision="autocast")
     batch = prepared_batch(model, groups, Actor(tiny_lm(), ActorConfig(), temperature=1.0, norm_length=4))
     out = ref.compute_log_probs(batch)
     assert out.device == batch.responses.device and out.shape == batch.responses.shape
