@@ -29,6 +29,7 @@ import yaml
 
 from asyncrl.config import load_config
 from asyncrl.config.keys import described_docs
+from asyncrl.config.load import load_train_config
 from asyncrl.config.schema import Config
 from asyncrl.errors import AsyncRLError
 from asyncrl.preflight import preflight
@@ -47,7 +48,7 @@ def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 def train(args: list[str]) -> int:
     path, overrides = _split_args(args)
-    cfg = load_config(path, overrides)
+    cfg = load_train_config(path, overrides)
     from asyncrl.pipelines.rundir import RUNS_ROOT
 
     preflight(cfg, logger.warning, RUNS_ROOT)  # before the imports below load torch
@@ -128,11 +129,16 @@ def evaluate(args: list[str]) -> int:
 def show_config(args: list[str]) -> int:
     """`asyncrl config [CONFIG.yaml] [key=value ...]`: the resolved config, every key with its
     one-line doc; `--from-verl [python3 -m MODULE] key=value ...`: what a verl command line becomes;
-    `--reference`: docs/configuration.md."""
+    `--reference`: docs/configuration.md; `--verl-reference`: every verl key's class (docs/migrating.md)."""
     if "--reference" in args:
         from asyncrl.config import reference_markdown
 
         print(reference_markdown())
+        return 0
+    if "--verl-reference" in args:
+        from asyncrl.config.verl_reference import reference
+
+        print(reference())
         return 0
     from asyncrl.config import documented_yaml
 
@@ -200,6 +206,8 @@ def _config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", action="store_true", help="every key as the Markdown of docs/configuration.md")
     parser.add_argument("--from-verl", action="store_true",
                         help="the arguments are a verl command line ([python3 -m MODULE] key=value ...)")
+    parser.add_argument("--verl-reference", action="store_true",
+                        help="every verl key by class (mapped, fixed, knob) as the Markdown of docs/migrating.md")
 
 
 def _no_options(parser: argparse.ArgumentParser) -> None:

@@ -11,10 +11,13 @@ path, precision, compilation) the bench runs too, and reports what it resolved.
 
 Configurations (`SETUPS`, in this order): the defaults first (`packed`: packed rows, the
 attention path `auto` picks, the device's micro-batch budget), which run whatever the time
-budget; then the A/B ones (`grouped` at CALL_COST 8192, `budget8192`, `packed+ckpt`,
-`padded`), each only if the time the longest configuration so far took still fits in
-`--time-budget-s`, else recorded as skipped; a configuration whose key this tree does not have
-is recorded as skipped with the config error. Each configuration builds its own model, takes one
+budget; then the A/B ones (`grouped` at CALL_COST 8192, `budget8192`, `autocast` (float32
+parameters under autocast instead of bf16 ones over float32 masters; bf16 only), `compiled` or
+`eager` (`actor.use_torch_compile`: whichever the device's defaults are not; the other is recorded
+as skipped), `packed+ckpt`, `padded`), each only if the time the longest configuration so far
+took, less its compile (paid once per process: later configurations reuse the compiled layers),
+still fits in `--time-budget-s`, else recorded as skipped; a configuration whose key this tree
+does not have is recorded as skipped with the config error. Each configuration builds its own model, takes one
 warm-up step (the packed-attention path it ran read from `packed_attention.PATHS`), then
 `--steps` timed steps, and frees the model before the next.
 
@@ -24,7 +27,9 @@ by verl's formula (`telemetry.perf.training_flops`) and over the FLOPs executed
 each over the GPU's bf16 peak (none on a CPU: TFLOP/s executed instead), peak memory
 (CUDA's allocator; on a CPU the process's peak RSS), and the step split into backward (every
 `Tensor.backward`), optimizer (every `optimizer.step`) and forward (the rest of the step: the
-model's forward, log-probs, losses, host work), from CUDA events (CPU: perf_counter).
+model's forward, log-probs, losses, host work), from CUDA events (CPU: perf_counter); with
+compiled layers, the warm-up's compile seconds (`compile_s`, apart from the timed steps) and what
+the timed steps compiled (`recompiles`, `timed_compile_s`: none once warm).
 
     PYTHONPATH=. python bench/trainer_throughput.py --device cuda   # Qwen2-0.5B shape, bf16
     PYTHONPATH=. python bench/trainer_throughput.py --device cpu    # a tiny model, float32
@@ -69,6 +74,7 @@ from asyncrl.telemetry.perf import ModelShape, executed_training_flops, peak_flo
 from asyncrl.training import packed_attention
 from asyncrl.training.actor import Actor
 from asyncrl.training.batch import TrainBatch, build_batch
+from asyncrl.training.compile import CompileWatch, is_compiled
 from asyncrl.types import Group, PromptRow, Trajectory
 from asyncrl.workers.factory import build_trainer_side
 from asyncrl.workers.trainer import PPOTrainer
@@ -96,6 +102,8 @@ class Setup:
     """Runs whatever the time budget (the configurations a run gets without overrides)."""
     call_cost: int | None = None
     """The grouped path's call cost in token pairs for this configuration (`pinned_call_cost`)."""
+    default_on: str | None = None
+    """The device whose defaults already are this configuration: skipped there."""
 
 
 SETUPS = (
@@ -103,6 +111,9 @@ SETUPS = (
     Setup("grouped", ("model.packed_attention=grouped",), "today's fallback: sdpa over row groups, CALL_COST 8192",
           call_cost=8192),
     Setup("budget8192", ("actor.ppo_micro_batch_tokens=8192",), "the CPU-sized budget of 8192 tokens"),
+    Setup("autocast", ("model.mixed_precision=autocast",), "float32 parameters under torch.autocast (bf16 runs)"),
+    Setup("compiled", ("actor.use_torch_compile=true",), "decoder layers through torch.compile", default_on="cuda"),
+    Setup("eager", ("actor.use_torch_compile=false",), "decoder layers eager", default_on="cpu"),
     Setup("packed+ckpt", ("model.enable_gradient_checkpointing=true",), "activation checkpointing"),
     Setup("padded", ("model.use_remove_padding=false",), "padded micro-batches, no packing"),
 )
@@ -228,13 +239,13 @@ def measure(args: argparse.Namespace, cfg: Config, batch: TrainBatch) -> dict[st
     clock = Clock(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
+    start, compiling = time.perf_counter(), CompileWatch()
     actor, plan = make_actor(args, cfg)
     before = Counter(packed_attention.PATHS)
     actor.train_step(batch, num_mini_batches=1)  # the warm-up: kernels, allocator, optimizer state, compilation
     paths = packed_attention.PATHS - before
     clock.sync()
-    warmup_s = time.perf_counter() - start
+    warmup_s, warmup_compile = time.perf_counter() - start, compiling.report()
     steps = []
     for _ in range(args.steps):
         with ForeignLoad() as load, split_step(actor, clock) as split:
@@ -243,12 +254,20 @@ def measure(args: argparse.Namespace, cfg: Config, batch: TrainBatch) -> dict[st
         steps.append(split | {"cpu_s": time.process_time() - cpu, "foreign_cores": load.cores})
     row = dict(warmup_s=warmup_s, micro_batch_tokens=actor.cfg.ppo_micro_batch_tokens, plan=plan,
                attention_calls=dict(paths), attention_path=attention_path(paths), head=actor.head.describe(),
+               precision=actor.precision.describe(), compiled=is_compiled(actor.model),
+               compile_s=warmup_compile["perf/compile_s"], **timed_compiles(compiling.report()),
                **rates(actor, cfg, batch, steps), **peak_memory(device))
     del actor
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row
+
+
+def timed_compiles(report: dict[str, float]) -> dict[str, float]:
+    """What the timed steps compiled (none once warm): recompiles and their seconds, inside the
+    steps' times, where the warm-up's compile (`compile_s`) is not."""
+    return {"recompiles": report["perf/recompiles"], "timed_compile_s": report["perf/compile_s"]}
 
 
 def rates(actor: Actor, cfg: Config, batch: TrainBatch, steps: list[dict[str, float]]) -> dict[str, Any]:
@@ -308,7 +327,9 @@ def line(row: dict[str, Any]) -> str:
             f"opt {row['optimizer_s_median']:.3f}), MFU verl {pct(row['mfu_verl'])} executed "
             f"{pct(row['mfu_executed'])}, {row['tflops_executed']:.2f} TFLOP/s, peak {memory:.2f} GiB, "
             f"budget {row['micro_batch_tokens']}, attention {row['attention_path']}, head {row['head']}, "
-            f"warm-up {row['warmup_s']:.1f} s")
+            f"precision {row['precision'].split(' ')[0]}, "
+            f"{'compiled' if row['compiled'] else 'eager'} (compile {row['compile_s']:.1f} s, "
+            f"{row['recompiles']:.0f} recompiles), warm-up {row['warmup_s']:.1f} s")
 
 
 def chosen(names: str) -> list[Setup]:
@@ -317,6 +338,10 @@ def chosen(names: str) -> list[Setup]:
     unknown = set(wanted) - {s.name for s in SETUPS}
     assert not unknown, f"unknown configurations {sorted(unknown)}: choose from {[s.name for s in SETUPS]}"
     return sorted((s for s in SETUPS if s.name in wanted), key=lambda s: not s.default)
+
+
+class SkipSetup(Exception):
+    """A configuration not run: the time budget, or the same as the defaults on this device."""
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -335,13 +360,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         began = time.perf_counter()
         try:
             cfg = run_config(args, setup)
+            if setup.default_on == args.device:
+                raise SkipSetup(f"the defaults on {args.device} are this configuration")
             if not setup.default and longest > left:
-                raise TimeoutError(f"time budget: ~{longest:.0f} s needed, {max(left, 0):.0f} s left")
+                raise SkipSetup(f"time budget: ~{longest:.0f} s needed, {max(left, 0):.0f} s left")
             with pinned_call_cost(setup):
                 row |= dict(status="ran", **measure(args, cfg, batch))
-        except (ConfigError, TimeoutError) as e:
+        except (ConfigError, SkipSetup) as e:
             row |= dict(status="skipped", reason=str(e).splitlines()[0])
-        longest = max(longest, time.perf_counter() - began)
+        # a compile is paid once per process: later configurations reuse the compiled layers
+        longest = max(longest, time.perf_counter() - began - row.get("compile_s", 0.0))
         append(out, row)
         print(line(row), flush=True)
         rows.append(row)

@@ -21,7 +21,11 @@ Device = Literal["cpu", "cuda"]
 Dtype = Literal["float32", "bfloat16"]
 Task = Literal["arithmetic", "countdown", "code", "longtail"]
 """`data.task=`: the built-in generated tasks (`asyncrl.data.tasks`)."""
-Logger = Literal["console", "jsonl", "tensorboard", "wandb"]
+Truncation = Literal["error", "left", "right", "middle"]
+"""`data.truncation=`: an overlong prompt when not filtered (`asyncrl.data.dataset.fit_prompts`)."""
+Gsm8kMethod = Literal["strict", "flexible", "auto"]
+"""`reward.gsm8k_method=`: how the built-in GSM8K scorer finds the answer (`asyncrl.rewards.math_rewards`)."""
+Logger = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "swanlab"]
 
 AdvEstimatorName = Literal["gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus",
                            "reinforce_plus_plus_baseline", "opo", "gpg", "remax"]
@@ -45,9 +49,9 @@ OldLogProbs = Literal["auto", "recompute", "rollout"]
 OffPolicyCorrection = Literal["none", "token", "sequence"]
 SandboxBackend = Literal["auto", "bwrap", "rlimit", "http"]
 PackedAttention = Literal["auto", "varlen", "jagged", "grouped"]
+"""`model.packed_attention=`: the kernel for packed rows (`asyncrl.training.packed_attention.choose`)."""
 MixedPrecision = Literal["auto", "param_dtype", "autocast"]
 """`model.mixed_precision=`: `asyncrl.scheduling.precision_path.precision_path` resolves it."""
-"""`model.packed_attention=`: the kernel for packed rows (`asyncrl.training.packed_attention.choose`)."""
 DecodeAttention = Literal["auto", "matmul", "triton"]
 """`rollout.decode_attention=`: the engine's decode attention (`asyncrl.rollout.attention.resolve`)."""
 FusedDecode = Literal["auto", "on", "off"]

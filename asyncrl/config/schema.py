@@ -29,6 +29,7 @@ from asyncrl.config.names import (
     Dtype,
     Engine,
     FusedDecode,
+    Gsm8kMethod,
     KLControl,
     KLKind,
     Logger,
@@ -42,6 +43,7 @@ from asyncrl.config.names import (
     Pipeline,
     PolicyLossName,
     Task,
+    Truncation,
 )
 
 
@@ -67,6 +69,8 @@ class ModelConfig:
     """Trainer runs each micro-batch's rows packed into one padding-free sequence (attention within each row)."""
     packed_attention: PackedAttention = "auto"
     """Packed rows' kernel: auto = varlen (CUDA, bf16/fp16), else jagged SDPA on CUDA, else grouped sdpa; or forced."""
+    max_position_embeddings: int = knob(0, ">= 0")
+    """Positions the model may use, overriding its config's (0 = its own; verl's override_config key)."""
 
 
 @dataclass(frozen=True)
@@ -84,13 +88,19 @@ class DataConfig:
     train_batch_size: int = knob(32, ">= 1")
     """Prompts per training step."""
     max_prompt_length: int = knob(64, ">= 1")
-    """Longer prompts are filtered out (counted)."""
+    """Longer prompts are dropped (counted), or cut as data.truncation says when filter_overlong_prompts is false."""
+    filter_overlong_prompts: bool = True
+    """Drop (and count) prompts longer than max_prompt_length; false: data.truncation decides."""
+    truncation: Truncation = "error"
+    """Unfiltered overlong prompt: error, or cut from the left (keep its end), right (keep its start) or middle."""
     max_response_length: int = knob(16, ">= 1")
     """Maximum generated tokens per response."""
     shuffle: bool = True
     """Reshuffle the prompts every epoch."""
     chat_template: str = ""
     """A jinja chat template for tokenizers that have none."""
+    chat_template_kwargs: tuple[str, ...] = ()
+    """Extra chat-template variables as name=value, e.g. [enable_thinking=false] (verl's apply_chat_template_kwargs)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +146,10 @@ class RolloutConfig:
     """Responses per validation prompt (mean@k / pass@k over them)."""
     val_temperature: float = knob(1.0, "in [0, 10]")
     """Validation temperature (0 = greedy); at the training temperature mean@k is the policy's expected reward."""
+    val_top_p: float = knob(1.0, "in (0, 1]")
+    """Validation nucleus sampling (verl's val_kwargs.top_p)."""
+    val_top_k: int = knob(-1, "to -1 (off) or > 0")
+    """Validation top-k sampling, -1 = off (verl's val_kwargs.top_k)."""
     nnodes: int = knob(1, ">= 1")
     """Nodes given to rollout in decoupled pipelines."""
     n_gpus_per_node: int = knob(0, ">= 0")
@@ -198,6 +212,8 @@ class ActorConfig:
     """Decoupled PPO importance weights behaviour->proximal, per token or per sequence."""
     is_cap: float = knob(2.0, "> 0")
     """Truncation cap of those importance weights."""
+    use_torch_compile: bool | None = None
+    """torch.compile each decoder layer (actor and reference); null = by device: on for CUDA, off on CPU."""
 
 
 @dataclass(frozen=True)
@@ -264,6 +280,18 @@ class RewardConfig:
     """Reward worker processes (each call runs in one; a call past timeout_s kills its process)."""
     max_failure_ratio: float = knob(0.5, "in (0, 1]")
     """Stop the run when more than this fraction of one step's rewards fail (error, timeout, invalid)."""
+    functions: tuple[str, ...] = ()
+    """TRL reward functions f(prompts, completions, **columns) as 'module:fn'; their weighted sum is the reward."""
+    function_weights: tuple[float, ...] = ()
+    """One weight per reward.functions entry (TRL's reward_weights); empty = 1 each."""
+    overlong_buffer: int = knob(0, ">= 0")
+    """DAPO soft overlong punishment: the last N tokens before overlong_max_len cost up to the factor (0 = off)."""
+    overlong_penalty_factor: float = knob(1.0, ">= 0")
+    """The punishment at overlong_max_len tokens (DAPO's penalty_factor); it grows linearly over the buffer."""
+    overlong_max_len: int = knob(0, ">= 0")
+    """The length the punishment reaches its full factor at (DAPO's max_resp_len; 0 = data.max_response_length)."""
+    gsm8k_method: Gsm8kMethod = "strict"
+    """Built-in GSM8K scorer: strict = the last '#### n' (verl's default), flexible = the last number, auto = either."""
 
 
 @dataclass(frozen=True)

@@ -10,27 +10,36 @@ one warning (logger `asyncrl.config`), never silently dropped; a key in neither 
 ours is the usual unknown-key error. `translate` does the mapping; `config.load_config` calls it.
 
 It does not run verl or read verl's YAML defaults: keys a command line leaves unset take
-asyncrl's defaults, except the few in `VERL_DEFAULTS` whose verl default changes what a run
-trains (learning rate, warm-up, weight decay, greedy validation). docs/migrating.md explains
+asyncrl's defaults, which are sized for the built-in tiny model, except that any other model gets
+`VERL_DEFAULTS` (learning rate, warm-up, weight decay, greedy validation, lengths): the defaults
+depend on the model, never on how a key is spelled. A command line that asks for GPUs
+(`n_gpus_per_node` > 0) runs on CUDA unless it sets `trainer.device`. docs/migrating.md explains
 each difference. Keys are as of verl b178a3cd (2026-01, `verl/trainer/config/ppo_trainer.yaml`
 and the one-step-off / fully-async recipe configs).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config.keys import leaf_keys, section_keys, unknown_key_message
+from asyncrl.config.verl_knobs import NOT_MODELLED
 from asyncrl.errors import ConfigError
 
 log = logging.getLogger("asyncrl.config")
 
 
 class NotModelled(Exception):
-    """A verl value asyncrl has no equivalent of (the key then goes into the warning)."""
+    """A verl value asyncrl has no equivalent of (the key then goes into the warning). With a
+    `fix` (every `always` key), the value changes what is trained: `asyncrl train` refuses it."""
+
+    def __init__(self, fix: str = "") -> None:
+        super().__init__(fix)
+        self.fix = fix
 
 
 def _same(value: Any) -> Any:
@@ -57,19 +66,22 @@ class To:
     convert: Callable[[Any], Any] = _same
     weak: bool = False
     """Set only where no other key of the command line sets it (verl's clip_ratio under clip_ratio_low)."""
+    fixed: tuple[Any, ...] = ()
+    """`always`: the values asyncrl runs with (another changes what is trained)."""
 
 
 def to(*ours: str, convert: Callable[[Any], Any] = _same, weak: bool = False) -> To:
     return To(ours, convert, weak)
 
 
-def always(*values: Any) -> To:
-    """A verl setting asyncrl always has with one of `values`; any other value is not modelled."""
+def always(*values: Any, fix: str = "") -> To:
+    """A verl setting asyncrl always has with one of `values`; any other value would change what is
+    trained, so `asyncrl train` refuses it, naming `fix` (default: the value asyncrl runs with)."""
     def check(value: Any) -> Any:
         if value not in values:
-            raise NotModelled
+            raise NotModelled(fix or f"asyncrl always runs it as {values[0]!r}; set that or drop the key")
         return value
-    return To((), check)
+    return To((), check, fixed=values)
 
 
 A, R, M = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
@@ -91,8 +103,8 @@ TABLE: dict[str, To] = {
     **{key: to(key) for key in _SAME},
     "data.train_batch_size": to("data.train_batch_size"),  # 0 in fully-async recipes: see _derive
     "data.seed": to("seed", convert=_not_null),
-    "data.filter_overlong_prompts": always(True),  # asyncrl drops (and counts) overlong prompts
-    "data.truncation": always("error"),  # with filtering nothing is ever truncated
+    "data.filter_overlong_prompts": to("data.filter_overlong_prompts"),  # (verl's default false; ours true)
+    "data.truncation": to("data.truncation"),
     "data.prompt_key": always("prompt"),
     "data.reward_fn_key": always("data_source"),
     "data.return_raw_chat": always(True, False),  # how verl hands prompts to its server: no effect here
@@ -128,6 +140,7 @@ TABLE: dict[str, To] = {
     A + "kl_loss_coef": to("actor.kl_loss_coef"),
     A + "kl_loss_type": to("actor.kl_loss_type"),
     A + "use_rollout_log_probs": to("async_training.use_rollout_log_probs"),
+    A + "use_torch_compile": to("actor.use_torch_compile"),  # verl compiles its log-prob math; we, the layers
     A + "strategy": always("fsdp", "fsdp2"),  # the GPU trainer is FSDP2
     # FSDP mixed precision: bf16 parameters over float32 masters is our model.mixed_precision=param_dtype
     A + "fsdp_config.dtype": to("@param_dtype." + A + "fsdp_config.dtype"),
@@ -135,7 +148,8 @@ TABLE: dict[str, To] = {
     A + "fsdp_config.mixed_precision.reduce_dtype": always(*FLOAT32),  # gradients reduce in float32
     A + "fsdp_config.mixed_precision.buffer_dtype": always(*FLOAT32),  # buffers stay float32
     A + "fsdp_config.model_dtype": always(*FLOAT32),  # float32 master weights
-    A + "ulysses_sequence_parallel_size": always(1),
+    A + "ulysses_sequence_parallel_size": always(1, fix="asyncrl has no sequence parallelism; set it to 1 (long "
+                                                "rows fit through actor.ppo_micro_batch_tokens and checkpointing)"),
     M + "path": to("model.path"),
     M + "lora_rank": to("model.lora_rank"),
     M + "lora_alpha": to("model.lora_alpha"),
@@ -154,6 +168,9 @@ TABLE: dict[str, To] = {
     R + "val_kwargs.temperature": to("rollout.val_temperature"),
     R + "val_kwargs.n": to("rollout.val_n"),
     R + "val_kwargs.do_sample": to("@val_do_sample"),
+    "actor_rollout_ref.model.override_config.max_position_embeddings": to("model.max_position_embeddings"),
+    R + "val_kwargs.top_p": to("rollout.val_top_p"),
+    R + "val_kwargs.top_k": to("rollout.val_top_k", convert=lambda v: -1 if v is None or v <= 0 else v),
     R + "do_sample": always(True),
     R + "mode": always("async"),  # asyncrl's engines are servers taking requests as they come
     R + "calculate_log_probs": always(True),  # the engine always returns behaviour log-probs
@@ -165,6 +182,7 @@ TABLE: dict[str, To] = {
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": to("@log_prob_max_token_len.ref"),
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": to("@log_prob_micro_batch_sequences.ref"),
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": to("@log_prob_dynamic_bsz.ref"),
+    "actor_rollout_ref.ref.use_torch_compile": to("actor.use_torch_compile", weak=True),  # one key for both
     "actor_rollout_ref.hybrid_engine": to("@hybrid_engine"),
     "algorithm.rollout_correction.rollout_is": to("actor.off_policy_correction",
                                                   convert=lambda v: "none" if v is None else v),
@@ -187,7 +205,29 @@ TABLE: dict[str, To] = {
     "trainer.validation_data_dir": to("trainer.validation_data_dir", convert=lambda v: v or ""),
     "custom_reward_function.path": to("@reward_path"),
     "custom_reward_function.name": to("@reward_name"),
-    "reward_model.reward_manager": always("naive"),
+    "reward_model.enable": always(False, fix="asyncrl has no learned reward model yet; score with "
+                                  "custom_reward_function.path or reward.functions"),
+    "trainer.val_only": always(False, fix="to score a model without training, run `asyncrl eval` with these arguments"),
+    R + "multi_turn.enable": always(False, fix="multi-turn (tool-calling) rollouts are not built yet; set it false"),
+    "algorithm.use_pf_ppo": always(False, fix="PF-PPO's reweighted sampling is not built; set it false"),
+    M + "lora_adapter_path": always(None, fix="start from the adapter merged into the model at model.path"),
+    A + "loss_scale_factor": always(None, fix="asyncrl scales the loss by loss_agg_mode alone; drop the key"),
+    R + "over_sample_rate": always(0, 0.0, fix="asyncrl trains every sample it generates (tail batching is its "
+                                   "long-tail remedy: tail_batching.enable); set it to 0"),
+    "data.custom_cls.path": always(None, fix="load the data as verl-layout parquet/JSONL (data.train_files)"),
+    "data.sampler.class_path": always(None, fix="asyncrl samples prompts itself (data.shuffle)"),
+    "data.datagen.path": always(None, fix="generate the data beforehand into data.train_files"),
+    "algorithm.rollout_correction.rollout_rs": always(None, fix="no rejection sampling here; use "
+                                                      "actor.off_policy_correction (rollout_is) instead"),
+    "algorithm.rollout_correction.rollout_rs_threshold": always(None, fix="no rejection sampling here"),
+    "algorithm.rollout_correction.loss_type": always("ppo_clip", fix="asyncrl's loss is PPO's clipped one"),
+    "algorithm.rollout_correction.rollout_is_batch_normalize": always(False, fix="not modelled; set it false"),
+    "reward_model.reward_manager": always("naive", "dapo"),  # dapo: naive plus the overlong punishment below
+    **{f"{prefix}.{name}": to(f"@overlong.{name}") for prefix in ("reward_model.overlong_buffer",
+       "reward_model.reward_kwargs.overlong_buffer_cfg") for name in ("enable", "len", "penalty_factor")},
+    "reward_model.overlong_buffer.log": always(True, False),  # the penalty is always in the reward's details
+    "reward_model.reward_kwargs.overlong_buffer_cfg.log": always(True, False),
+    "reward_model.reward_kwargs.max_resp_len": to("reward.overlong_max_len"),
     "reward_model.sandbox_fusion.url": to("sandbox.url", convert=_not_null),
     "reward_model.sandbox_fusion.memory_limit_mb": to("sandbox.memory_mb"),
     "async_training.compute_prox_log_prob": to("@prox_log_prob"),
@@ -195,91 +235,21 @@ TABLE: dict[str, To] = {
 """verl key -> where it goes in asyncrl. Every `ours` key exists (a test checks)."""
 
 
-def _keys(text: str) -> frozenset[str]:
-    """`section: leaf leaf ...` lines -> dotted keys (`section.*` alone: the whole subtree)."""
-    keys: set[str] = set()
-    for line in text.strip().splitlines():
-        section, _, leaves = line.partition(":")
-        keys.update([f"{section.strip()}.{leaf}" for leaf in leaves.split()] if leaves else [section.strip()])
-    return frozenset(keys)
-
-
-NOT_MODELLED = _keys("""
-actor_rollout_ref.actor: ppo_micro_batch_size shuffle data_loader_seed tau_pos tau_neg freeze_vision_tower
-actor_rollout_ref.actor: loss_scale_factor calculate_entropy use_prefix_grouper use_torch_compile use_fused_kernels
-actor_rollout_ref.actor: entropy_from_logits_with_chunking entropy_checkpointing use_remove_padding rollout_n
-actor_rollout_ref.actor: calculate_sum_pi_squared sum_pi_squared_checkpointing optim.optimizer_impl
-actor_rollout_ref.actor.optim: override_optimizer_config
-actor_rollout_ref.actor.policy_loss: clip_cov_ratio clip_cov_lb clip_cov_ub kl_cov_ratio ppo_kl_coef
-actor_rollout_ref.actor.fsdp_config
-actor_rollout_ref.actor.megatron
-actor_rollout_ref.actor.checkpoint
-actor_rollout_ref.actor.profiler
-actor_rollout_ref.actor.router_replay
-actor_rollout_ref.ref
-actor_rollout_ref.model: hf_config_path tokenizer_path use_shm trust_remote_code external_lib exclude_modules
-actor_rollout_ref.model: enable_activation_offload lora_adapter_path use_liger use_fused_kernels
-actor_rollout_ref.model.override_config
-actor_rollout_ref.model.fused_kernel_options
-actor_rollout_ref.model.tiled_mlp
-actor_rollout_ref.model.mtp
-actor_rollout_ref.rollout: name prompt_length response_length dtype enforce_eager
-actor_rollout_ref.rollout: cudagraph_capture_sizes data_parallel_size expert_parallel_size max_num_batched_tokens
-actor_rollout_ref.rollout: pipeline_model_parallel_size max_model_len enable_chunked_prefill enable_prefix_caching
-actor_rollout_ref.rollout: logprobs_mode scheduling_policy load_format log_prob_micro_batch_size disable_log_stats
-actor_rollout_ref.rollout: over_sample_rate multi_stage_wake_up skip_rollout skip_dump_dir skip_tokenizer_init
-actor_rollout_ref.rollout: enable_rollout_routing_replay quantization quantization_config_file mtp layered_summon
-actor_rollout_ref.rollout.val_kwargs: top_k top_p
-actor_rollout_ref.rollout.engine_kwargs
-actor_rollout_ref.rollout.multi_turn
-actor_rollout_ref.rollout.agent
-actor_rollout_ref.rollout.checkpoint_engine
-actor_rollout_ref.rollout.trace
-actor_rollout_ref.rollout.profiler
-actor_rollout_ref.rollout.prometheus
-actor_rollout_ref: nccl_timeout
-actor_rollout_ref.checkpoint_engine
-data: tokenizer use_shm val_batch_size tool_config_path return_raw_input_ids return_full_prompt
-data: dataloader_num_workers image_patch_size validation_shuffle filter_overlong_prompts_workers image_key
-data: video_key trust_remote_code return_multi_modal_inputs
-data.custom_cls
-data.sampler
-data.datagen
-data.apply_chat_template_kwargs
-algorithm: use_pf_ppo
-algorithm.pf_ppo
-algorithm.filter_groups: metric
-algorithm.rollout_correction: rollout_rs rollout_rs_threshold loss_type rollout_is_batch_normalize
-critic: rollout_n enable ppo_mini_batch_size ppo_micro_batch_size ppo_micro_batch_size_per_gpu use_dynamic_bsz
-critic: ppo_max_token_len_per_gpu forward_max_token_len_per_gpu shuffle data_loader_seed loss_agg_mode
-critic: forward_micro_batch_size forward_micro_batch_size_per_gpu ulysses_sequence_parallel_size
-critic.optim: lr_warmup_steps_ratio total_training_steps weight_decay betas min_lr_ratio num_cycles
-critic.optim: lr_scheduler_type warmup_style optimizer optimizer_impl override_optimizer_config
-critic.model
-critic.checkpoint
-critic.profiler
-reward_model
-reward_manager
-trainer: balance_batch total_epochs esi_redundant_time
-trainer: val_only default_hdfs_dir del_local_ckpt_after_load max_critic_ckpt_to_keep use_legacy_worker_impl
-trainer: ray_wait_register_center_timeout
-rollout: total_epochs
-async_training: use_trainer_do_validate parallel_validate_and_rollout
-async_training.checkpoint_engine
-global_profiler
-transfer_queue
-ray_kwargs
-""")
-"""verl keys (and whole subtrees) asyncrl knowingly does not model: mostly FSDP, vLLM, Megatron,
-profiler and reward-model knobs whose job asyncrl's own engine and trainer do differently."""
-
 VERL_DEFAULTS: dict[str, Any] = {
     "actor.lr": 1e-6, "actor.warmup_steps": -1, "actor.weight_decay": 0.01, "critic.lr": 1e-5,
     "rollout.val_temperature": 0.0, "rollout.val_n": 1, "trainer.test_freq": 0,
-    "model.enable_gradient_checkpointing": True,
+    "model.enable_gradient_checkpointing": True, "data.max_prompt_length": 512, "data.max_response_length": 512,
 }
-"""verl's defaults (in our units) where they differ from ours in what a run trains, applied under
-a command line that uses verl's names so that a recipe leaving them unset trains as in verl."""
+"""verl's defaults (in our units) where they differ from ours in what a run trains, applied to every
+model but the built-in tiny one (whose defaults are ours), whatever names the command line uses."""
+TINY = "tiny"
+"""The built-in toy model (`model.path`'s default), which keeps asyncrl's own defaults."""
+
+OVERRIDE_CONFIG = "actor_rollout_ref.model.override_config."
+"""verl's overrides of the model's HF config; only max_position_embeddings is modelled."""
+CHAT_KWARGS = "data.apply_chat_template_kwargs."
+"""verl's chat-template variables (`+data.apply_chat_template_kwargs.enable_thinking=False`), each one
+entry `name=value` of our data.chat_template_kwargs."""
 
 ENTRY_POINTS = {"fully_async_main": "fully_async", "one_step_off_policy.main_ppo": "one_step_off",
                 "verl.trainer.main_ppo": "colocated", "main_dapo": "colocated"}
@@ -289,7 +259,8 @@ ENTRY_POINTS = {"fully_async_main": "fully_async", "one_step_off_policy.main_ppo
 def is_verl_key(key: str) -> bool:
     """A key verl has: in the table, or in (or under) NOT_MODELLED."""
     parts = key.split(".")
-    return key in TABLE or any(".".join(parts[:i]) in NOT_MODELLED for i in range(1, len(parts) + 1))
+    in_not_modelled = any(".".join(parts[:i]) in NOT_MODELLED for i in range(1, len(parts) + 1))
+    return key in TABLE or f"{key}.".startswith(CHAT_KWARGS) or in_not_modelled
 
 
 def renamed_keys() -> dict[str, tuple[str, ...]]:
@@ -300,10 +271,12 @@ def renamed_keys() -> dict[str, tuple[str, ...]]:
 @dataclass
 class Translation:
     """A command line in our keys: `values` (dotted key -> value), the verl keys not modelled,
-    and whether it used verl's names (then `VERL_DEFAULTS` apply under it)."""
+    and whether it used verl's names (then GPU counts mean CUDA, and `train` needs a model path)."""
 
     values: dict[str, Any] = field(default_factory=dict)
     not_modelled: list[str] = field(default_factory=list)
+    changes_training: dict[str, str] = field(default_factory=dict)
+    """The not-modelled keys whose value would change what is trained -> `key=value: the fix`."""
     uses_verl_names: bool = False
     weak: dict[str, Any] = field(default_factory=dict)
     held: dict[str, Any] = field(default_factory=dict)
@@ -320,7 +293,13 @@ def translate(pairs: Iterable[tuple[str, Any]], entry: str | None = None) -> Tra
         t.given.add(key)
         ours = key in leaf_keys() or key in section_keys()
         t.uses_verl_names |= not ours
-        if key in TABLE:
+        if f"{key}.".startswith(CHAT_KWARGS):  # verl's dict: the key itself, or one per template variable
+            _chat_kwargs(t, key, value)
+        elif key.startswith(OVERRIDE_CONFIG) and key not in TABLE:  # the model itself changes
+            t.not_modelled.append(key)
+            t.changes_training[key] = (f"{key}={value!r} changes what is trained and is not modelled: set it in the "
+                                       f"model's config.json (model.max_position_embeddings is the one override)")
+        elif key in TABLE:
             _apply(t, key, value)
         elif ours:
             t.values[key] = value
@@ -333,12 +312,21 @@ def translate(pairs: Iterable[tuple[str, Any]], entry: str | None = None) -> Tra
     return t
 
 
+def _chat_kwargs(t: Translation, key: str, value: Any) -> None:
+    """verl's apply_chat_template_kwargs (a dict, or one variable per key) as `name=value` entries."""
+    items = value.items() if f"{key}." == CHAT_KWARGS and isinstance(value, dict) else [(key[len(CHAT_KWARGS):], value)]
+    pairs = tuple(f"{name}={json.dumps(v)}" for name, v in items)
+    t.values["data.chat_template_kwargs"] = (*t.values.get("data.chat_template_kwargs", ()), *pairs)
+
+
 def _apply(t: Translation, key: str, value: Any) -> None:
     rule = TABLE[key]
     try:
         converted = rule.convert(value)
-    except NotModelled:
+    except NotModelled as exc:
         t.not_modelled.append(key)
+        if exc.fix:
+            t.changes_training[key] = f"{key}={value!r} changes what is trained and is not modelled: {exc.fix}"
         return
     for our in rule.ours:
         target = t.held if our.startswith("@") else t.weak if rule.weak else t.values
@@ -360,6 +348,9 @@ def _derive(t: Translation, entry: str | None) -> None:
         v["async_training.use_rollout_log_probs"] = False
     if held.get("@val_do_sample") is False:
         v["rollout.val_temperature"] = 0.0  # greedy
+    if held.get("@overlong.enable"):  # DAPO's two spellings (its YAML and the recipes' reward_kwargs)
+        v.setdefault("reward.overlong_buffer", held.get("@overlong.len", 0))
+        v.setdefault("reward.overlong_penalty_factor", held.get("@overlong.penalty_factor", 1.0))
     if held.get("@reward_path"):
         v["reward.custom_function"] = f"{held['@reward_path']}:{held.get('@reward_name') or 'compute_score'}"
     if v.get("trainer.resume_mode") == "resume_path":
@@ -368,9 +359,14 @@ def _derive(t: Translation, entry: str | None) -> None:
         v["trainer.resume_mode"] = held["@resume_from_path"]
     if "sandbox.url" in v:
         v.setdefault("sandbox.backend", "http")
-    if t.uses_verl_names:
+    if "actor.warmup_ratio" in v:  # a ratio given means warm-up by ratio (steps -1), as verl's lr_warmup_steps=-1
+        v.setdefault("actor.warmup_steps", -1)
+    if v.get("model.path", TINY) != TINY:
         for key, value in VERL_DEFAULTS.items():
             v.setdefault(key, value)
+    gpus = any((v.get(f"{side}.n_gpus_per_node") or 0) > 0 for side in ("trainer", "rollout"))
+    if t.uses_verl_names and gpus:
+        v.setdefault("trainer.device", "cuda")  # a recipe sized in GPUs runs on them (preflight says if none)
 
 
 def _micro_batch(v: dict[str, Any], held: dict[str, Any]) -> None:
@@ -441,6 +437,14 @@ def _get(values: dict[str, Any], key: str) -> Any:
     return values.get(key, leaf_keys()[key])
 
 
-def warn_not_modelled(keys: list[str]) -> None:
-    if keys:
-        log.warning("verl keys asyncrl does not model, ignored (see docs/migrating.md): %s", ", ".join(keys))
+def warn_not_modelled(t: Translation) -> None:
+    """One warning per class: the keys that change what is trained (`asyncrl train` refuses them;
+    `sim` and `config` plan the recipe as if they were unset), then the engine and memory knobs."""
+    changing = [k for k in t.not_modelled if k in t.changes_training]
+    knobs = [k for k in t.not_modelled if k not in t.changes_training]
+    if changing:
+        log.warning("verl keys that change what is trained, not modelled (asyncrl train refuses them; see "
+                    "docs/migrating.md): %s", ", ".join(changing))
+    if knobs:
+        log.warning("verl engine and memory knobs with no effect here, ignored (see docs/migrating.md): %s",
+                    ", ".join(knobs))

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from asyncrl.config import check_pipeline_keys, config_to_dict, dump_config
+from asyncrl.config.keys import settings_line
 from asyncrl.config.schema import Config
 from asyncrl.data import PromptIterator
 from asyncrl.pipelines.context import RunContext, log_line
@@ -52,6 +53,7 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = log_line,
     dump_config(cfg, out / "config.yaml")
     data = substrate.load_data(cfg, log)
     plan = plan_run(cfg, substrate.device, trainer_device(cfg, data.model_config))
+    log(settings_line(cfg))
     log(plan.line())
     (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
     workers = substrate.build_workers(cfg, plan, log)

@@ -64,6 +64,8 @@ class RunPlan:
     """Tokens of one forward-only micro-batch: old and reference log-probs, critic values."""
     micro_batch_basis: str
     """Where the training budget came from: "set", "default" or how it was sized."""
+    torch_compile: bool
+    """Whether the trainer compiles its decoder layers: `actor.use_torch_compile`, null resolved by device."""
     precision: PrecisionPath
     """The trainer's mixed-precision path (`scheduling.precision_path`): `model.mixed_precision` resolved."""
 
@@ -81,7 +83,8 @@ class RunPlan:
                 f"{self.prompts_per_update}, {self.mini_batches} mini-batch(es) per update, "
                 f"{self.optimizer_steps} optimizer steps{sync}{budget}, old log-probs: {self.old_log_probs}, "
                 f"micro-batches of {self.micro_batch_tokens} tokens ({self.micro_batch_basis}), "
-                f"{self.log_prob_micro_batch_tokens} forward-only, precision {describe(self.precision)}")
+                f"{self.log_prob_micro_batch_tokens} forward-only, precision {describe(self.precision)}, "
+                f"layers {'compiled' if self.torch_compile else 'eager'}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -111,8 +114,16 @@ def plan_run(cfg: Config, device: str | None = None, trainer_device: TrainerDevi
         off_policy_correction=a.off_policy_correction)
     budgets = _micro_batch_budgets(cfg, device or cfg.trainer.device, trainer_device)
     return RunPlan(cfg.pipeline, per_update, total, updates, minis, optimizer_steps, per_sync, per_version, source,
-                   *budgets,
+                   *budgets, torch_compile=torch_compile(a.use_torch_compile, device or cfg.trainer.device),
                    precision=precision_path(cfg.model.mixed_precision, cfg.model.dtype))
+
+
+def torch_compile(key: bool | None, device: str) -> bool:
+    """`actor.use_torch_compile`: as set, else on for CUDA (what verl's default of true leads a GPU
+    user to expect; still to be measured there, docs/gpu.md) and off on a CPU (measured on the
+    2-core CPU: the compile costs about 25 steps' saving, more than a CPU run or test takes;
+    docs/training.md)."""
+    return key if key is not None else device == "cuda"
 
 
 def _micro_batch_budgets(cfg: Config, device: str, trainer_device: TrainerDevice | None) -> tuple[int, int, str]:

@@ -26,6 +26,7 @@ from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.rollout.registry import build_engine
 from asyncrl.scheduling.plan import RunPlan
 from asyncrl.training.actor import Actor, RefWorker
+from asyncrl.training.compile import compile_layers
 from asyncrl.training.critic import Critic
 from asyncrl.training.memory import enable_gradient_checkpointing
 from asyncrl.training.model import prepare_actor_model
@@ -69,7 +70,7 @@ def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | N
                           max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
     requests = RequestBuilder(cfg.rollout, max_tokens=cfg.data.max_response_length, seed=cfg.seed)
     reward = RewardWorker(tok, cfg.reward, window=cfg.data.train_batch_size * cfg.rollout.n, sandbox=cfg.sandbox,
-                          scheduler=cfg.reward_scheduler)
+                          scheduler=cfg.reward_scheduler, max_response_length=cfg.data.max_response_length)
     return RolloutServer(engine, requests, reward, score_each=cfg.reward_scheduler.enable)
 
 
@@ -93,8 +94,9 @@ def build_trainer_side(cfg: Config, plan: RunPlan, model: PreTrainedModel | None
         use_packed_attention(model, cfg.model.packed_attention)
     ref = None
     if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-        ref = RefWorker(copy.deepcopy(model), cfg.rollout.temperature or 1.0, plan.log_prob_micro_batch_tokens,
-                        compute_dtype=dtype, use_remove_padding=pack, mixed_precision=mixed)
+        ref = RefWorker(compile_layers(copy.deepcopy(model), plan.torch_compile), cfg.rollout.temperature or 1.0,
+                        plan.log_prob_micro_batch_tokens, compute_dtype=dtype, use_remove_padding=pack,
+                        mixed_precision=mixed)
     critic = None
     if cfg.algorithm.adv_estimator == "gae":
         critic = Critic(model, cfg.critic, micro_batch_tokens=plan.micro_batch_tokens,
@@ -106,9 +108,9 @@ def build_trainer_side(cfg: Config, plan: RunPlan, model: PreTrainedModel | None
     # Reference and critic copied the base model above; the actor trains it (LoRA: its adapters).
     budgets = dataclasses.replace(cfg.actor, ppo_micro_batch_tokens=plan.micro_batch_tokens,
                                   log_prob_micro_batch_tokens=plan.log_prob_micro_batch_tokens)
-    actor = Actor(prepare_actor_model(model, cfg.model), budgets, temperature=cfg.rollout.temperature or 1.0,
-                  norm_length=cfg.data.max_response_length, total_steps=plan.optimizer_steps,
-                  compute_dtype=dtype, use_remove_padding=pack, mixed_precision=mixed)
+    actor = Actor(compile_layers(prepare_actor_model(model, cfg.model), plan.torch_compile), budgets,
+                  temperature=cfg.rollout.temperature or 1.0, norm_length=cfg.data.max_response_length,
+                  total_steps=plan.optimizer_steps, compute_dtype=dtype, use_remove_padding=pack, mixed_precision=mixed)
     assert actor.precision.path == plan.precision, (actor.precision.path, plan.precision)  # as the start line says
     trainer = PPOTrainer(actor, cfg.algorithm, pad_id=tok.pad_token_id, ref=ref, critic=critic,
                          old_log_prob_source=plan.old_log_probs)

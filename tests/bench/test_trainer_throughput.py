@@ -1,8 +1,8 @@
 """bench/trainer_throughput.py's CPU path at a tiny size: the defaults run whatever the time
-budget, an A/B configuration runs when it fits and is recorded as skipped when it does not or when
-this tree lacks its key, each configuration is appended to the results file with its budget,
-attention path, forward/backward/optimizer split and FLOP rates, and `Tensor.backward` is the
-real one again afterwards."""
+budget, an A/B configuration runs when it fits and is recorded as skipped when it does not, when
+this tree lacks its key or when it is the device's defaults, each configuration is appended to the
+results file with its budget, attention path, forward/backward/optimizer split, FLOP rates and
+compile cost, and `Tensor.backward` is the real one again afterwards."""
 
 from __future__ import annotations
 
@@ -39,16 +39,18 @@ def test_defaults_run_first_and_ab_configurations_run_while_they_fit(tmp_path, m
         assert packed[key] > 0, key
     assert packed["forward_s_median"] > 0
     assert packed["mfu_verl"] is None and packed["mfu_executed"] is None  # no peak to compare with on a CPU
+    assert packed["compiled"] is False and packed["recompiles"] == 0  # the CPU's default: eager layers
     assert bogus["status"] == "skipped" and "model.no_such_key" in bogus["reason"]
     assert torch.Tensor.backward is backward
 
 
 def test_ab_configurations_past_the_time_budget_are_recorded_as_skipped(tmp_path):
     out = tmp_path / "tt.jsonl"
-    bench.run(bench.parse([*TINY, "--configs", "packed,budget8192", "--time-budget-s", "0", "--out", str(out)]))
-    _, packed, budget = rows(out)
+    bench.run(bench.parse([*TINY, "--configs", "packed,budget8192,eager", "--time-budget-s", "0", "--out", str(out)]))
+    _, packed, budget, eager = rows(out)
     assert packed["status"] == "ran"
     assert budget["status"] == "skipped" and budget["reason"].startswith("time budget")
+    assert eager["status"] == "skipped" and eager["reason"] == "the defaults on cpu are this configuration"
 
 
 class FakeEvent:

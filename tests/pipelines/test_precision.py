@@ -1,5 +1,6 @@
 """`model.dtype=bfloat16` through every pipeline on the CPU: the trainer computes in bf16
-parameters over float32 masters (`model.mixed_precision=auto`) and the engines hold bf16 copies. Every sync here is verified bit for bit
+parameters over float32 masters (`model.mixed_precision=auto`) and the engines hold bf16
+copies. Every sync here is verified bit for bit
 (the synchronizer's `verify`): a float32 export or a float32 engine copy raises SyncError. The
 engine's bf16 log-probs differ from the trainer's by bf16 noise, not more."""
 

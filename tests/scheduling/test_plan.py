@@ -16,10 +16,10 @@ def test_colocated_defaults():
     assert plan == RunPlan("colocated", prompts_per_update=32, total_prompts=1920, updates=60, mini_batches=2,
                            optimizer_steps=120, updates_per_sync=1, prompts_per_version=32, old_log_probs="rollout",
                            micro_batch_tokens=8192, log_prob_micro_batch_tokens=16384, micro_batch_basis="default",
-                           precision="float32")
+                           torch_compile=False, precision="float32")
     assert plan.line() == ("plan: colocated, 1920 prompts = 60 updates x 32, 2 mini-batch(es) per update, "
                            "120 optimizer steps, old log-probs: rollout, micro-batches of 8192 tokens (default), "
-                           "16384 forward-only, precision float32")
+                           "16384 forward-only, precision float32, layers eager")
 
 
 @pytest.mark.parametrize(("overrides", "device", "path"), [
@@ -32,7 +32,16 @@ def test_colocated_defaults():
 def test_the_precision_path_is_resolved_once_and_named_in_the_start_line(overrides, device, path):
     plan = plan_run(load_config(None, overrides), device)
     assert plan.precision == path
-    assert plan.line().endswith(f"forward-only, precision {describe(path)}")
+    assert f"forward-only, precision {describe(path)}, layers" in plan.line()
+
+
+@pytest.mark.parametrize(("key", "device", "compiled"), [(None, "cpu", False), (None, "cuda", True),
+                                                        (True, "cpu", True), (False, "cuda", False)])
+def test_torch_compile_resolves_by_device_unless_set(key, device, compiled):
+    overrides = [] if key is None else [f"actor.use_torch_compile={str(key).lower()}"]
+    plan = plan_run(load_config(None, overrides), device)
+    assert plan.torch_compile is compiled
+    assert plan.line().endswith("layers compiled" if compiled else "layers eager")
 
 
 def test_epochs_and_stream_trainer_steps():

@@ -134,7 +134,7 @@ def test_the_run_plan_is_logged_once_saved_and_what_the_run_did(tmp_path):
     assert [line for line in lines if line.startswith("plan: ")] == [
         "plan: fully_async, 128 prompts = 16 updates x 8, 1 mini-batch(es) per update, 16 optimizer steps, "
         "at most 8 prompts started per version, old log-probs: rollout, micro-batches of 8192 tokens (default), "
-        "16384 forward-only"]
+        "16384 forward-only, precision float32, layers eager"]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("training/global_step", 0) for r in rows) == plan["updates"]
     assert (tmp_path / "config.yaml").is_file()  # beside the config it came from
