@@ -15,7 +15,7 @@ import torch
 from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
 from asyncrl.rollout import runner as runner_module
 from asyncrl.types import GenerationRequest, SamplingParams, Trajectory
-from tests.rollout.rollout_testlib import EOS, prompt, staggered_requests, tiny_model, wait_for_tokens
+from tests.rollout.rollout_testlib import EOS, mixed_requests, prompt, staggered_requests, tiny_model, wait_for_tokens
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -24,18 +24,10 @@ def static_engine(model: torch.nn.Module, **settings: Any) -> TorchEngine:
     return TorchEngine(model, EOS, EngineSettings(device="cuda", max_num_seqs=8, seed=0, **settings))
 
 
-def mixed_requests() -> list[GenerationRequest]:
-    filtered = [GenerationRequest(f"f{i}", prompt(4 + i, seed=20 + i),
-                                  SamplingParams(max_tokens=12 + 5 * i, temperature=0.9, top_k=5 + i,
-                                                 top_p=0.8 if i else 1.0, seed=i, ignore_eos=True))
-                for i in range(3)]
-    return staggered_requests(9, temperature=0.8) + filtered
-
-
 def test_a_static_engine_waits_for_the_gpu_only_to_read_each_step_a_step_late(monkeypatch):
     eng = static_engine(tiny_model("qwen2").cuda())
     assert eng._runner.graphs is not None and eng._runner.graphs.capture
-    warm = run_sync(eng, mixed_requests())  # captures every graph key this workload needs
+    warm = run_sync(eng, mixed_requests(9, 12, 5))  # captures every graph key this workload needs
     captured = eng._runner.graphs.captures
     reads = [0]
     read = runner_module._Results.read
@@ -56,7 +48,7 @@ def test_a_static_engine_waits_for_the_gpu_only_to_read_each_step_a_step_late(mo
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        again = run_sync(eng, mixed_requests())
+        again = run_sync(eng, mixed_requests(9, 12, 5))
     finally:
         torch.cuda.set_sync_debug_mode(0)
     eng.close()
@@ -81,7 +73,7 @@ def test_a_seeded_request_samples_the_same_tokens_alone_and_in_other_batches_on_
         await eng.aclose()
         return out
 
-    for others, after in ((staggered_requests(5, 1.0), 6), (mixed_requests(), 20)):
+    for others, after in ((staggered_requests(5, 1.0), 6), (mixed_requests(9, 12, 5), 20)):
         out = asyncio.run(crowded(others, after))
         assert out.response_ids == alone.response_ids
         torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), rtol=0, atol=1e-4)

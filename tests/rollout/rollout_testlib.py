@@ -80,6 +80,16 @@ def staggered_requests(n: int, temperature: float = 0.0) -> list[GenerationReque
     ]
 
 
+def mixed_requests(staggered: int, first_tokens: int, step_tokens: int) -> list[GenerationRequest]:
+    """`staggered` rows at T=0.8 (staggered lengths, so rows finish and slots move) and three seeded
+    rows with top-k and top-p: every sampling mode but greedy-only in one batch."""
+    filtered = [GenerationRequest(f"f{i}", prompt(4 + i, seed=20 + i),
+                                  SamplingParams(max_tokens=first_tokens + step_tokens * i, temperature=0.9,
+                                                 top_k=5 + i, top_p=0.8 if i else 1.0, seed=i, ignore_eos=True))
+                for i in range(3)]
+    return staggered_requests(staggered, temperature=0.8) + filtered
+
+
 def engine(model: torch.nn.Module, version: int = 0, **settings: Any) -> TorchEngine:
     return TorchEngine(model, EOS, EngineSettings(**settings), version=version)
 

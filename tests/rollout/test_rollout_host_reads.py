@@ -18,8 +18,7 @@ import pytest
 
 from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
 from asyncrl.rollout.runner import StepRunner
-from asyncrl.types import GenerationRequest, SamplingParams
-from tests.rollout.rollout_testlib import EOS, prompt, staggered_requests, tiny_model
+from tests.rollout.rollout_testlib import EOS, mixed_requests, tiny_model
 from tests.training.test_host_syncs import counting, library, ours
 
 
@@ -35,15 +34,6 @@ class InlineExecutor(Executor):
         return future
 
 
-def requests() -> list[GenerationRequest]:
-    """Staggered lengths (rows finish and slots move), every sampling mode but greedy-only."""
-    filtered = [GenerationRequest(f"f{i}", prompt(4 + i, seed=20 + i),
-                                  SamplingParams(max_tokens=9 + 4 * i, temperature=0.9, top_k=5 + i,
-                                                 top_p=0.8 if i else 1.0, seed=i, ignore_eos=True))
-                for i in range(3)]
-    return staggered_requests(6, temperature=0.8) + filtered
-
-
 def counted_run(monkeypatch: pytest.MonkeyPatch, static: bool) -> tuple[list[str], int]:
     """Every host read of a device tensor during a run, and the number of steps queued."""
     launches = [0]
@@ -57,7 +47,7 @@ def counted_run(monkeypatch: pytest.MonkeyPatch, static: bool) -> tuple[list[str
     with counting(monkeypatch) as reads:
         eng = TorchEngine(tiny_model("qwen2"), EOS, EngineSettings(max_num_seqs=4, static_decode=static, seed=0),
                           executor=InlineExecutor())
-        outs = run_sync(eng, requests())
+        outs = run_sync(eng, mixed_requests(6, 9, 4))
     eng.close()
     assert all(o.finish_reason == "length" for o in outs)
     return reads, launches[0]
