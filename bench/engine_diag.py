@@ -150,12 +150,13 @@ def kernels_per_decode_step(step: Callable[[], None], device: torch.device) -> d
     """Device kernels one call of `step` launches (CUDA), or the aten ops it dispatches (CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
-    step()  # warm: lazy initialisation is not part of a step
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with torch.inference_mode(), profile(activities=activities) as prof:
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    with torch.inference_mode():  # the engine's tensors are inference tensors
+        step()  # warm: lazy initialisation is not part of a step
+        with profile(activities=activities) as prof:
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
     events = prof.events()
     if device.type == "cuda":
         kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -186,16 +186,8 @@ class BucketedDecode:
         only after the engine is done with the cache."""
         mode = self._modes[key]
         graph = self._graphs[(*key, mode)][0] if self.capture else None
-        step = graph.replay if graph is not None else lambda: self._run(*key, mode)
-        step()
-        if self.capture:
-            torch.cuda.synchronize(self.cache.device)
-        start = time.perf_counter()
-        for _ in range(iters):
-            step()
-        if self.capture:
-            torch.cuda.synchronize(self.cache.device)
-        return (time.perf_counter() - start) / iters
+        return mean_seconds(graph.replay if graph is not None else lambda: self._run(*key, mode), iters,
+                            self.cache.device if self.capture else None)
 
 
 MIN_PREFILL_TOKENS = 64
@@ -304,11 +296,17 @@ class BucketedPrefill:
         replay rewrites the K/V of the last prefill run under that key: run it only after the
         engine is done with the cache."""
         assert self.capture, "replay times are a captured graph's"
-        graph = self._graphs[key][0]
-        graph.replay()
-        torch.cuda.synchronize(self.cache.device)
-        start = time.perf_counter()
-        for _ in range(iters):
-            graph.replay()
-        torch.cuda.synchronize(self.cache.device)
-        return (time.perf_counter() - start) / iters
+        return mean_seconds(self._graphs[key][0].replay, iters, self.cache.device)
+
+
+def mean_seconds(step: Callable[[], None], iters: int, cuda: torch.device | None) -> float:
+    """Mean seconds of `step` over `iters` calls after one warm-up; on `cuda`, synchronised around them."""
+    step()
+    if cuda is not None:
+        torch.cuda.synchronize(cuda)
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    if cuda is not None:
+        torch.cuda.synchronize(cuda)
+    return (time.perf_counter() - start) / iters
