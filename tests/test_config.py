@@ -258,3 +258,9 @@ def test_config_imports_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("plan: fully_async, 1920 prompts")
+
+
+def test_on_and_off_choices_survive_yamls_booleans():
+    cfg = load_config(None, ["rollout.fused_decode=off", "rollout.packed_prefill=off"])
+    assert (cfg.rollout.fused_decode, cfg.rollout.packed_prefill) == ("off", "off")
+    assert load_config(None, ["rollout.fused_decode=on"]).rollout.fused_decode == "on"

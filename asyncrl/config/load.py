@@ -183,6 +183,9 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin is tuple:
         return _coerce_tuple(typing.get_args(tp), value, key)
     if origin is Literal:  # a string choice: typed here, its value checked by `validate`
+        word = {True: "on", False: "off"}.get(value) if isinstance(value, bool) else None
+        if word in typing.get_args(tp):
+            return word  # YAML 1.1 reads a bare on/off as a boolean
         return _coerce_scalar(str, value, key)
     return _coerce_scalar(tp, value, key)
 
