@@ -8,9 +8,12 @@ the runner is built (`asyncrl.rollout.memory`); `max_num_seqs` then says how man
 A step's inputs go to the device without waiting for it (`asyncrl.rollout.transfer`); its rows
 are sampled on the device (`asyncrl.rollout.sampler.DeviceSampler`, inside the decode graph
 where there is one), the sampled tokens stay there as the next decode's input, and the results
-come back in one device-to-host copy, read one step late: `run(plan)` queues `plan`'s step and
-then returns the previous step's results, so on a GPU the host plans and queues step t+1 while
-step t runs, and waits only for step t's copy. `flush` reads the last step's results.
+come back in one device-to-host copy. On a GPU they are read one step late: `run(plan)` queues
+`plan`'s step and then returns the previous step's results, so the host plans and queues step t+1
+while step t runs, and waits only for step t's copy; `flush` reads the last step's results. Where
+the device is the host (the CPU) nothing runs while the host plans, so a late read would only add
+steps (a row that finished in step t still gets a row in step t+1): `run` returns `plan`'s own
+results (`read_late` False).
 This module does no scheduling and knows nothing about asyncio or futures.
 """
 
@@ -98,6 +101,8 @@ class StepRunner:
         self.version = version
         self._results = _Results(max_num_seqs, self.device)
         self._launched: _Launched | None = None
+        self.read_late = self.device.type == "cuda"
+        """Whether `run` returns the previous step's results (a GPU: overlap) or its own (the host)."""
         # the rows whose sampling settings the sampler holds, and their mode: most steps run the
         # last step's rows again, and then send positions only
         self._sampled_rows: tuple[object, ...] = ()
@@ -127,9 +132,12 @@ class StepRunner:
 
     def run(self, plan: StepPlan) -> tuple[StepPlan, StepResult] | None:
         """Queue `plan`'s step, then return the previous step's plan and results (None when
-        there was none): on a GPU the device runs `plan` while the host reads the last step."""
+        there was none): on a GPU the device runs `plan` while the host reads the last step.
+        Without `read_late`, `plan`'s own results."""
         with self.lock, torch.inference_mode():
             previous, self._launched = self._launched, self._launch(plan)
+        if not self.read_late:
+            previous, self._launched = self._launched, None
         return None if previous is None else self._results.read(previous)
 
     def flush(self) -> tuple[StepPlan, StepResult] | None:

@@ -75,7 +75,8 @@ def test_the_engine_admits_by_its_settings_and_steps_as_the_replay_does() -> Non
         eng = engine(model, max_num_seqs=4, admit_min_free_slots=k)
         responses.append([o.response_ids for o in run_sync(eng, reqs)])
         eng.close()
-        counts = replay(reqs, EngineSettings(max_num_seqs=4, admit_min_free_slots=k), one_step_late=True)
+        counts = replay(reqs, EngineSettings(max_num_seqs=4, admit_min_free_slots=k),
+                        one_step_late=eng._runner.read_late)
         assert eng._scheduler.step_counts == {"steps": counts.steps, "decode": counts.decode_steps,
                                               "prefill": counts.prefill_steps, "moves": counts.move_steps}
         prefill_steps.append(counts.prefill_steps)
