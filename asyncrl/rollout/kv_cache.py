@@ -8,7 +8,11 @@ sequences occupy slots 0..B-1 (the scheduler keeps them compact by moving the la
 hole), so a decode step attends over the strided view `[:B, :, :L]` with no gather copy. Stacking
 makes moving a set of slots (`copy_slots`: compaction, a group's shared prefill) one gather and one
 scatter over every layer's K and V at once, not one indexed copy per buffer (2 x layers, ~150 on
-a 24-layer model, ~4 ms on the GPU after each finish).
+a 24-layer model, ~4 ms on the GPU after each finish). On the CPU (`stacked` False by default) each
+layer's K and V are their own tensors instead, moved one indexed copy each: the host allocator
+serves buffers under glibc's mmap threshold (32 MiB) from memory it already holds, while one
+stacked tensor over it is mapped fresh, and page-faulted, at every regrowth; the tiny model's
+256-slot cache (32 MiB stacked) took ~7 ms a generation round that way (docs/benchmarks.md).
 
 Physical memory is `slots_allocated × capacity` tokens per layer, both rounded up to powers of
 two and shrunk with hysteresis; it is NOT bounded by the scheduler's token budget (a long
@@ -49,6 +53,7 @@ class SlotKVCache:
         device: torch.device | str,
         min_capacity: int = 64,
         static: bool = False,
+        stacked: bool | None = None,
     ) -> None:
         self.num_layers = num_layers
         self.kv_heads = kv_heads
@@ -58,13 +63,15 @@ class SlotKVCache:
         self.device = torch.device(device)
         self.min_capacity = min_capacity
         self.static = static
+        self.stacked = self.device.type == "cuda" if stacked is None else stacked
+        """One tensor for every layer's K and V (`kv`), or a tensor per buffer (the CPU's default)."""
         self.generation = 0
         """Bumped whenever the buffers are replaced: what was captured over the old ones is stale."""
         self.fixed_capacity = 0
         """Set by `allocate`: every slot of this many positions, allocated once (0: grows)."""
         self.slots = 0
         self.capacity = 0
-        self.kv = torch.empty(0)  # (2, layers, slots, kv_heads, capacity, head_dim): K then V
+        self.kv = torch.empty(0)  # stacked: (2, layers, slots, kv_heads, capacity, head_dim): K then V
         self.keys: list[torch.Tensor] = []  # per layer, views of kv: (slots, kv_heads, capacity, head_dim)
         self.values: list[torch.Tensor] = []
 
@@ -106,13 +113,20 @@ class SlotKVCache:
         return self.num_layers * 2 * self.kv_heads * self.head_dim * element
 
     def _reallocate(self, slots: int, capacity: int, *, keep_slots: int, keep_len: int) -> None:
-        shape = (2, self.num_layers, slots, self.kv_heads, capacity, self.head_dim)
         s = min(keep_slots, self.slots, slots)
         n = min(keep_len, self.capacity, capacity)
-        kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        if s > 0 and n > 0:
-            kv[:, :, :s, :, :n] = self.kv[:, :, :s, :, :n]
-        self._set(kv)
+        shape = (slots, self.kv_heads, capacity, self.head_dim)
+        if self.stacked:
+            kv = torch.zeros((2, self.num_layers, *shape), dtype=self.dtype, device=self.device)
+            if s > 0 and n > 0:
+                kv[:, :, :s, :, :n] = self.kv[:, :, :s, :, :n]
+            self._set(kv)
+        else:
+            buffers = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * self.num_layers)]
+            for new, old in zip(buffers, (*self.keys, *self.values)):
+                if s > 0 and n > 0:
+                    new[:s, :, :n] = old[:s, :, :n]
+            self.keys, self.values = buffers[: self.num_layers], buffers[self.num_layers:]
         self.slots, self.capacity = slots, capacity
         self.generation += 1
 
@@ -137,14 +151,20 @@ class SlotKVCache:
 
     def copy_slots(self, dsts: Sequence[int], srcs: Sequence[int], length: int) -> None:
         """Slot dsts[i] takes slot srcs[i]'s first `length` positions, K and V of every layer,
-        all sources read before any write: one gather and one scatter over the stacked cache."""
+        all sources read before any write: one gather and one scatter over the stacked cache (one
+        of each per buffer when not stacked)."""
         index = to_device(torch.tensor([list(dsts), list(srcs)], dtype=torch.int64), self.device)  # (2, moves)
-        kv = self.kv[:, :, :, :, : min(length, self.capacity)]
-        kv[:, :, index[0]] = kv[:, :, index[1]]  # the right side is a copy: reads see no write
+        n = min(length, self.capacity)
+        if self.stacked:
+            kv = self.kv[:, :, :, :, :n]
+            kv[:, :, index[0]] = kv[:, :, index[1]]  # the right side is a copy: reads see no write
+            return
+        for buffer in (*self.keys, *self.values):
+            buffer[index[0], :, :n] = buffer[index[1], :, :n]
 
     def release(self) -> None:
         """Drop every buffer (the engine is idle or closing)."""
-        self._set(torch.empty(2, 0))
+        self._set(torch.empty(2, 0))  # stacked or not: no buffer left
         self.slots, self.capacity = 0, 0
         self.generation += 1
 

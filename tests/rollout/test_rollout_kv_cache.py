@@ -28,10 +28,14 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def filled_cache(layers: int = 3, slots: int = 8, length: int = 5) -> SlotKVCache:
-    cache = SlotKVCache(layers, 2, 4, max_slots=slots, dtype=torch.float32, device="cpu", min_capacity=4)
+def filled_cache(layers: int = 3, slots: int = 8, length: int = 5, stacked: bool = True) -> SlotKVCache:
+    """The GPU's stacked layout by default (the CPU's own is a tensor per buffer)."""
+    cache = SlotKVCache(layers, 2, 4, max_slots=slots, dtype=torch.float32, device="cpu", min_capacity=4,
+                        stacked=stacked)
     cache.reserve(slots, length)
-    cache.kv.copy_(torch.randn(cache.kv.shape, generator=torch.Generator().manual_seed(0)))
+    generator = torch.Generator().manual_seed(0)
+    for buffer in (*cache.keys, *cache.values):
+        buffer.copy_(torch.randn(buffer.shape, generator=generator))
     return cache
 
 
@@ -60,6 +64,23 @@ def test_a_compaction_of_several_moves_is_one_gather_and_one_scatter() -> None:
     data_ops = {op: n for op, n in counted.ops.items() if not op.startswith(_NO_DATA)}
     assert data_ops == {"index": 1, "index_put_": 1}, counted.ops  # before: 2 x 3 layers x 2 (K, V)
     for got, want in zip((*cache.keys, *cache.values), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_the_cpu_layout_moves_and_grows_as_the_stacked_one() -> None:
+    """On the CPU each buffer is its own tensor (no stacked `kv`): the same moves and growth give
+    the same contents as the stacked layout, one indexed copy per buffer."""
+    assert not SlotKVCache(1, 1, 1, max_slots=2, dtype=torch.float32, device="cpu").stacked
+    moves = [(7, 1, 5), (6, 3, 4), (5, 0, 5), (0, 2, 3)]
+    caches = [filled_cache(stacked=stacked) for stacked in (True, False)]
+    with CountOps() as counted:
+        caches[1].apply_moves(moves)
+    assert counted.ops["index_put_"] == 2 * 3  # K and V of 3 layers
+    caches[0].apply_moves(moves)
+    for cache in caches:
+        cache.reserve(8, 40)
+    assert caches[1].kv.numel() == 0 and caches[1].capacity == 64
+    for got, want in zip((*caches[1].keys, *caches[1].values), (*caches[0].keys, *caches[0].values), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 

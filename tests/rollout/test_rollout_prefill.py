@@ -61,8 +61,15 @@ def two_caches(fwd: BatchedForward) -> tuple[SlotKVCache, SlotKVCache]:
     caches = fwd.new_cache(8, "cpu"), fwd.new_cache(8, "cpu")
     for cache in caches:
         cache.reserve(8, 32)
-        cache.kv.copy_(torch.randn(cache.kv.shape, generator=torch.Generator().manual_seed(1)))
+        generator = torch.Generator().manual_seed(1)
+        for buffer in (*cache.keys, *cache.values):
+            buffer.copy_(torch.randn(buffer.shape, generator=generator))
     return caches
+
+
+def stacked(cache: SlotKVCache) -> torch.Tensor:
+    """(2, layers, slots, heads, positions, head_dim): every buffer, whatever the cache's layout."""
+    return torch.stack([torch.stack(cache.keys), torch.stack(cache.values)])
 
 
 def test_pack_prompts_lays_out_the_worked_example() -> None:
@@ -109,12 +116,12 @@ def test_packed_prefill_equals_the_padded_one(arch: str) -> None:
                     want_kv = theirs[layer][1 + row, :, :n]
                     bound = sum_error(F32, kv_terms, float(want_kv.abs().max()))
                     torch.testing.assert_close(mine[layer][1 + row, :, :n], want_kv, rtol=0, atol=bound)
-    stale = two_caches(fwd)[0].kv
+    stale = stacked(two_caches(fwd)[0])
     untouched = torch.ones(stale.shape[2:5], dtype=torch.bool)  # (slots, heads, positions)
     for row, n in enumerate(lengths):
         untouched[1 + row, :, :n] = False
     untouched[3, :, 2:] = False  # the tail: past the last prompt (2 tokens), in its slot
-    assert torch.equal(bucket_cache.kv[:, :, untouched], stale[:, :, untouched])
+    assert torch.equal(stacked(bucket_cache)[:, :, untouched], stale[:, :, untouched])
 
 
 def fake_varlen(calls: list[tuple[list[int], int]]) -> Any:
