@@ -147,6 +147,12 @@ class Trajectory:
     reward_details: dict[str, float] = field(default_factory=dict)
     reward_status: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    loss_mask: Sequence[int] = ()
+    """Per response token: 1 the model produced it (trained), 0 tool or environment text (context,
+    never trained; its log-prob entry is 0.0 and its version the episode's then). Empty: every
+    token is the model's (a single-turn response)."""
+    episode: dict[str, float] = field(default_factory=dict)
+    """A multi-turn episode's counters (num_turns, tool_calls, tool_errors, tool_time_s, ...); empty for one turn."""
 
     @property
     def start_version(self) -> int:

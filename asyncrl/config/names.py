@@ -58,6 +58,12 @@ FusedDecode = Literal["auto", "on", "off"]
 """`rollout.fused_decode=`: `asyncrl.rollout.kernels.use_fused_decode` resolves it."""
 PackedPrefill = Literal["auto", "off"]
 """`rollout.packed_prefill=`: auto = `asyncrl.rollout.prefill.prefill_path` picks; off = padded."""
+ToolCallFormat = Literal["hermes", "compact"]
+"""`rollout.multi_turn.format=`: hermes = `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (verl's
+default, Qwen's templates); compact = `<tool_call>NAME ARGUMENT</tool_call>` (the tiny-tools model)."""
+KeepSlot = Literal["release", "keep"]
+"""`rollout.multi_turn.keep_slot=`: during a tool call the episode's KV slot is released to the prefix
+cache (release) or kept for its next turn (keep)."""
 
 
 def choices(literal: Any) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ from asyncrl.config.names import (
     Engine,
     FusedDecode,
     Gsm8kMethod,
+    KeepSlot,
     KLControl,
     KLKind,
     Logger,
@@ -43,6 +44,7 @@ from asyncrl.config.names import (
     Pipeline,
     PolicyLossName,
     Task,
+    ToolCallFormat,
     Truncation,
 )
 
@@ -104,6 +106,32 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class MultiTurnConfig:
+    enable: bool = False
+    """Rollouts are episodes: the model calls tools and reads their results over several turns (docs/agents.md)."""
+    tool_config_path: str = ""
+    """YAML of the episode's tools, verl's layout (OpenAI function schemas); "" = the built-in calculator and python."""
+    format: ToolCallFormat = "hermes"
+    """How tool calls are written in the model's output."""
+    episode: str = ""
+    """A custom episode function, "module:function" (docs/agents.md); "" = the built-in tool-calling episode."""
+    max_assistant_turns: int = knob(5, ">= 1")
+    """Model turns per episode at most."""
+    max_user_turns: int = knob(5, ">= 0")
+    """Tool/environment turns per episode at most (verl's max_user_turns)."""
+    max_tool_calls: int = knob(8, ">= 0")
+    """Tool calls per episode at most; a call past it becomes an error message to the model, counted."""
+    max_tool_response_length: int = knob(256, ">= 1")
+    """Characters of a tool's output kept (the rest cut and counted, as verl's)."""
+    max_episode_tokens: int = knob(0, ">= 0", hint="0 = data.max_prompt_length + data.max_response_length")
+    """Tokens of an episode at most, prompt and every turn included (0 = prompt + response lengths)."""
+    tool_timeout_s: float = knob(10.0, "> 0")
+    """Seconds a tool call may run; past it the call is a timeout message to the model, counted."""
+    keep_slot: KeepSlot = "release"
+    """During a tool call: release the episode's KV slot to the prefix cache, or keep it for the next turn."""
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     n: int = knob(8, ">= 1")
     """Responses sampled per prompt (the group size)."""
@@ -160,6 +188,8 @@ class RolloutConfig:
     """Fully async: total prompts to generate (0 = train_batch_size x total_training_steps)."""
     test_freq: int = knob(0, ">= 0", read_by=("fully_async",))
     """Fully async: validate every N weight versions (0 = off)."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn, tool-calling episodes (docs/agents.md)."""
 
 
 @dataclass(frozen=True)
