@@ -159,17 +159,19 @@ def reinforce_plus_plus(token_level_rewards: Tensor, response_mask: Tensor, inde
                         gamma: float = 1.0, **_unused: object) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted return-to-go, whitened over the batch.
 
-    The running return restarts after each masked token (as verl does). Example (gamma = 0.5):
-    rewards [[0, 0, 1]] -> returns [[0.25, 0.5, 1]]; advantages = whiten(returns) over the batch.
+    Masked tokens are skipped: the return carries over them undiscounted, so a multi-turn
+    episode's first turns get the reward that sits after its tool text (verl restarts the return
+    at a masked token; for trailing padding, the single-turn case, the two agree). Example
+    (gamma = 0.5): rewards [[0, 0, 1]] -> returns [[0.25, 0.5, 1]]; rewards [[1, 5, 2]], mask
+    [[1, 0, 1]] -> [[2, 0, 2]]; advantages = whiten(returns) over the batch.
     """
     mask = response_mask.bool()
     rewards = torch.where(mask, token_level_rewards, 0.0)
     running = torch.zeros_like(rewards[:, 0])
     ret_T: list[Tensor] = []
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running
+        running = torch.where(mask[:, t], rewards[:, t] + gamma * running, running)
         ret_T.append(running)
-        running = torch.where(mask[:, t], running, 0.0)
     returns = torch.where(mask, torch.stack(ret_T[::-1], dim=1), 0.0)  # (B, T)
     return masked_whiten(returns, response_mask), returns
 

@@ -120,6 +120,12 @@ def _counts(batch: TrainBatch) -> dict[str, float]:
     return {"global_token_count": host.tokens(), "global_seq_count": host.sequences()}
 
 
+def _trained(batch: TrainBatch, values: torch.Tensor) -> torch.Tensor:
+    """`values` (B, T) with 0 at the tokens not trained: what sits there (a tool token's log-prob,
+    even NaN) then reaches no gradient through a term that `agg_loss` masks afterwards."""
+    return torch.where(batch.loss_mask.bool(), values, 0.0)
+
+
 def _f64(value: torch.Tensor | float) -> torch.Tensor | float:
     """A metric as a float64 term of a sum (a device tensor stays there), as Python sums floats."""
     return value.detach().double() if isinstance(value, torch.Tensor) else value
@@ -150,7 +156,7 @@ class RefWorker:
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch) -> torch.Tensor:
         here = batch.to(model_device(self.model))
-        out = map_micro_batches(here, self.micro_batch_tokens, self._log_probs, self.pack) * here.response_mask
+        out = map_micro_batches(here, self.micro_batch_tokens, self._log_probs, self.pack) * here.loss_mask
         return out.to(batch.responses.device)
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
@@ -206,7 +212,7 @@ class Actor:
         self.model.eval()
         here = batch.to(self._device())
         map_rows = fsdp.map_rank_micro_batches if self.sharded else map_micro_batches
-        out = map_rows(here, self.cfg.log_prob_micro_batch_tokens, self._log_probs, self.pack) * here.response_mask
+        out = map_rows(here, self.cfg.log_prob_micro_batch_tokens, self._log_probs, self.pack) * here.loss_mask
         return out.to(batch.responses.device)
 
     def _log_probs(self, mb: TrainBatch) -> torch.Tensor:
@@ -317,9 +323,9 @@ class Actor:
         log_prob = out.log_probs(self.temperature)
         # None: this forward runs on the weights that generated the batch (one optimizer step
         # per batch, see `train_step`), so its log-probs, detached, are the old ones exactly.
-        old = log_prob.detach() * mb.response_mask if mb.old_log_probs is None else mb.old_log_probs
+        old = log_prob.detach() * mb.loss_mask if mb.old_log_probs is None else mb.old_log_probs
         loss, pg_metrics = compute_policy_loss(
-            cfg.policy_loss, old, log_prob, mb.advantages, mb.response_mask,
+            cfg.policy_loss, old, log_prob, mb.advantages, mb.loss_mask,
             loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
             is_weights=mb.is_weights, norm_length=self.norm_length, **counts)
@@ -330,13 +336,14 @@ class Actor:
             loss = loss - cfg.entropy_coeff * entropy
         if cfg.use_kl_loss:
             assert mb.ref_log_probs is not None, "actor.use_kl_loss needs reference log-probs"
-            kl = self._agg(kl_penalty(log_prob, mb.ref_log_probs, cfg.kl_loss_type), mb, counts)
+            kl_T = kl_penalty(_trained(mb, log_prob), _trained(mb, mb.ref_log_probs), cfg.kl_loss_type)
+            kl = self._agg(kl_T, mb, counts)
             loss = loss + cfg.kl_loss_coef * kl
             metrics |= {"actor/kl_loss": kl.detach(), "actor/kl_coef": cfg.kl_loss_coef}
         return loss, metrics
 
     def _agg(self, values: torch.Tensor, mb: TrainBatch, counts: dict[str, float]) -> torch.Tensor:
-        return agg_loss(values, mb.response_mask, self.cfg.loss_agg_mode, norm_length=self.norm_length, **counts)
+        return agg_loss(values, mb.loss_mask, self.cfg.loss_agg_mode, norm_length=self.norm_length, **counts)
 
     def _trainable(self) -> list[nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]

@@ -2,7 +2,11 @@
 
 Layout (verl's): prompts left-padded to P, responses right-padded to T, so every response
 token sits at the same column and `logits[:, P-1 : P-1+T]` predict the response. Per-token
-tensors over the response are (B, T); `response_mask` marks real tokens.
+tensors over the response are (B, T); `response_mask` marks real tokens (all attended) and
+`loss_mask` the trained ones among them: a multi-turn episode's tool and environment text is
+attended context (attention 1, loss 0) with no behaviour log-prob. A batch of single-turn
+responses (every `Trajectory.loss_mask` empty) holds one tensor for both masks, so nothing more
+is gathered, moved or trimmed for it.
 Micro-batches are length-aware: rows sorted by length, grouped to keep padding low, and each
 group cut to the columns its own rows use (`plan_micro_batches`, `trim`). When the trainer packs
 (`asyncrl.training.packing`), a group costs its rows' real tokens instead of rows x width, and
@@ -60,7 +64,7 @@ class HostRows:
     response_B: tuple[int, ...]  # columns each row needs from P on (`row_spans`)
     prompt_real_B: tuple[int, ...]  # attended prompt tokens
     response_real_B: tuple[int, ...]  # attended response tokens
-    tokens_B: tuple[float, ...]  # response_mask summed over the row
+    tokens_B: tuple[float, ...]  # loss_mask summed over the row: the trained (model) tokens
     contiguous_B: tuple[bool, ...]  # attended tokens are columns [P - prompt_real, P + response_real), and a
     # response token has one before it: what `packing.pack` needs
 
@@ -74,7 +78,7 @@ class HostRows:
         cols = torch.arange(keep.shape[1], device=keep.device)
         run = (cols >= P - prompt_real[:, None]) & (cols < P + response_real[:, None])  # (B, P+T)
         contiguous = (run == keep).all(-1) & ((prompt_real > 0) | (response_real == 0))
-        columns = [*row_spans(batch), prompt_real, response_real, batch.response_mask.sum(-1), contiguous]
+        columns = [*row_spans(batch), prompt_real, response_real, batch.loss_mask.sum(-1), contiguous]
         facts = torch.stack([c.double() for c in columns]).tolist()  # (6, B)
         spans_p, spans_r, real_p, real_r = (tuple(int(x) for x in row) for row in facts[:4])
         return HostRows(spans_p, spans_r, real_p, real_r, tuple(facts[4]), tuple(bool(x) for x in facts[5]))
@@ -87,11 +91,11 @@ class HostRows:
         return HostRows(*(pick(getattr(self, f.name)) for f in fields(self)))
 
     def tokens(self) -> float:
-        """Response tokens of the rows (`agg_loss`'s global token count)."""
+        """Trained response tokens of the rows (`agg_loss`'s global token count)."""
         return float(sum(self.tokens_B))
 
     def sequences(self) -> float:
-        """Rows with at least one response token (`agg_loss`'s global sequence count)."""
+        """Rows with at least one trained token (`agg_loss`'s global sequence count)."""
         return float(sum(1 for t in self.tokens_B if t > 0))
 
 
@@ -101,7 +105,8 @@ class TrainBatch:
     attention_mask: torch.Tensor  # (B, P+T)
     position_ids: torch.Tensor  # (B, P+T)
     responses: torch.Tensor  # (B, T)
-    response_mask: torch.Tensor  # (B, T) float
+    response_mask: torch.Tensor  # (B, T) float: real response tokens, all attended
+    loss_mask: torch.Tensor  # (B, T) float: the trained ones; `response_mask` itself when that is all of them
     rollout_log_probs: torch.Tensor  # (B, T) behaviour policy, from the engine
     token_level_scores: torch.Tensor  # (B, T) reward on the last response token
     versions: torch.Tensor  # (B, T) policy version that produced each token
@@ -121,6 +126,11 @@ class TrainBatch:
     def size(self) -> int:
         return int(self.responses.shape[0])
 
+    @property
+    def has_context_tokens(self) -> bool:
+        """Whether some attended response tokens are not trained (a multi-turn episode's tool text)."""
+        return self.loss_mask is not self.response_mask
+
     def to(self, device: torch.device) -> TrainBatch:
         """The batch on `device` (itself when it is there already: its plans read its tensors
         there), its `host` facts read first, on the CPU batch the pipeline built: a trainer on
@@ -128,7 +138,8 @@ class TrainBatch:
         if self.responses.device == device:
             return self
         planned = self if self.host is not None else replace(self, host=HostRows.read(self))
-        out: dict[str, Any] = {f.name: to_device(getattr(self, f.name), device) for f in fields(self)
+        move = _once(lambda t: to_device(t, device))
+        out: dict[str, Any] = {f.name: move(getattr(self, f.name)) for f in fields(self)
                                if isinstance(getattr(self, f.name), torch.Tensor)}
         return replace(planned, extras={k: to_device(v, device) for k, v in self.extras.items()}, **out)
 
@@ -143,6 +154,7 @@ class TrainBatch:
         return self._rows(lambda v: v[rows], rows)
 
     def _rows(self, take: Callable[[torch.Tensor], torch.Tensor], rows: Sequence[int] | slice) -> TrainBatch:
+        take = _once(take)
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -158,7 +170,11 @@ class TrainBatch:
 
 
 def build_batch(groups: Sequence[Group], pad_id: int) -> TrainBatch:
-    """Flatten groups into one padded batch, one row per trajectory."""
+    """Flatten groups into one padded batch, one row per trajectory. The reward sits on the last
+    trained token (the last response token unless an episode ends on tool text); `loss_mask` is
+    `response_mask` itself unless some trajectory carries a `loss_mask`.
+    Example: response [a, b, t, t, c, t] with loss mask [1, 1, 0, 0, 1, 0] -> every column
+    attended, loss mask as given, reward on column 4 (c)."""
     trajs = [(g.uid, t) for g in groups for t in g.trajectories]
     assert trajs, "cannot build an empty batch"
     P = max(len(t.prompt_ids) for _, t in trajs)
@@ -169,6 +185,7 @@ def build_batch(groups: Sequence[Group], pad_id: int) -> TrainBatch:
     rollout_lp = torch.zeros((B, T))
     versions = torch.zeros((B, T), dtype=torch.long)
     scores = torch.zeros((B, T))
+    loss_mask = torch.zeros((B, T)) if any(len(t.loss_mask) for _, t in trajs) else None
     for i, (_, t) in enumerate(trajs):
         p, r = len(t.prompt_ids), len(t.response_ids)
         input_ids[i, P - p : P] = torch.tensor(t.prompt_ids)
@@ -176,14 +193,36 @@ def build_batch(groups: Sequence[Group], pad_id: int) -> TrainBatch:
         attention_mask[i, P - p : P + r] = 1
         rollout_lp[i, :r] = torch.tensor(t.logprobs)
         versions[i, :r] = torch.tensor(t.versions, dtype=torch.long)
+        if loss_mask is not None:
+            assert len(t.loss_mask) in (0, r), f"{t.request_id}: {len(t.loss_mask)} loss-mask entries for {r} tokens"
+            loss_mask[i, :r] = torch.tensor(t.loss_mask, dtype=torch.float) if len(t.loss_mask) else 1.0
         if r:
-            scores[i, r - 1] = t.reward
+            scores[i, _last_trained(t.loss_mask, r)] = t.reward
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    response_mask = attention_mask[:, P:].float()
     return TrainBatch(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-        responses=input_ids[:, P:], response_mask=attention_mask[:, P:].float(),
+        responses=input_ids[:, P:], response_mask=response_mask,
+        loss_mask=response_mask if loss_mask is None else loss_mask,
         rollout_log_probs=rollout_lp, token_level_scores=scores, versions=versions,
         index=[uid for uid, _ in trajs], prompt_width=P)
+
+
+def _last_trained(loss_mask: Sequence[int], length: int) -> int:
+    """The column of a response's last trained token (its last token when none or all are)."""
+    return next((i for i in range(len(loss_mask) - 1, -1, -1) if loss_mask[i]), length - 1)
+
+
+def _once(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`fn`, run once per distinct tensor: a tensor held under two names (a single-turn batch's
+    `loss_mask` is its `response_mask`) comes out as one, and is gathered, moved or cut once."""
+    done: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def run(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in done:
+            done[id(t)] = (t, fn(t))  # holding `t` keeps its id from being reused meanwhile
+        return done[id(t)][1]
+    return run
 
 
 def split_rows(n_rows: int, n_parts: int) -> list[list[int]]:
@@ -227,13 +266,14 @@ def trim(batch: TrainBatch, prompt_len: int, response_len: int) -> TrainBatch:
     """The batch cut to its last `prompt_len` prompt and first `response_len` response columns
     (views; response-aligned tensors, extras included, cut to the same response width)."""
     P = batch.prompt_width
+    cut = _once(lambda v: v[:, :response_len])
     out: dict[str, Any] = {}
     for f in fields(batch):
         value = getattr(batch, f.name)
         if f.name in _FULL_WIDTH:
             out[f.name] = value[:, P - prompt_len : P + response_len]
         elif isinstance(value, torch.Tensor):
-            out[f.name] = value[:, :response_len]
+            out[f.name] = cut(value)
         elif f.name == "extras":
             out[f.name] = {k: v[:, :response_len] for k, v in value.items()}
     return replace(batch, prompt_width=prompt_len, **out)

@@ -1,7 +1,9 @@
 """The critic worker (adv_estimator=gae): the policy's transformer body plus a scalar value head.
 
 Values are read at the positions that predict each response token (the state before it),
-matching verl. Value loss with clipping comes from the pure `asyncrl.algorithms.value_loss`.
+matching verl, and trained on the trained (model) tokens only (`TrainBatch.loss_mask`: a
+multi-turn episode's tool text is context, as GAE skips it). Value loss with clipping comes
+from the pure `asyncrl.algorithms.value_loss`.
 With `use_remove_padding` the body runs on each micro-batch's rows packed into one sequence
 (`asyncrl.training.packing`), as the actor does. As in the actor, the micro-batch loop reads
 nothing back from the device: weights come from the batch's host-side facts and the metrics
@@ -86,7 +88,7 @@ class Critic:
         self.model.eval()
         here = batch.to(model_device(self.model))
         values = map_micro_batches(here, self.forward_micro_batch_tokens, self.model, self.model.pack)
-        return (values * here.response_mask).to(batch.responses.device)
+        return (values * here.loss_mask).to(batch.responses.device)
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         assert batch.values is not None and batch.returns is not None
@@ -101,7 +103,7 @@ class Critic:
         for _, mb in micro_batches(mini, self.micro_batch_tokens, self.model.pack):
             weight = host_rows(mb).tokens() / max(total, 1.0)
             assert mb.values is not None and mb.returns is not None
-            loss, m = compute_value_loss(self.model(mb), mb.values, mb.returns, mb.response_mask,
+            loss, m = compute_value_loss(self.model(mb), mb.values, mb.returns, mb.loss_mask,
                                          self.cfg.cliprange_value, "token-mean")
             (loss * weight).backward()
             for k, v in m.items():

@@ -206,7 +206,7 @@ class PPOTrainer:
             return  # the actor's own forward gives them (Actor._micro_batch_loss)
         with timer("old_log_prob", metrics):
             batch.old_log_probs = self.actor.compute_log_probs(batch)
-        mask = batch.response_mask
+        mask = batch.loss_mask  # a tool token has no behaviour log-prob: it never enters a weight
         if self.old_log_prob_source == "proximal":
             level = self.actor.cfg.off_policy_correction
             batch.is_weights, m = truncated_is_weights(
@@ -222,22 +222,23 @@ class PPOTrainer:
             assert batch.old_log_probs is not None, "old log-probs come first"
             batch.token_level_rewards, m = apply_kl_in_reward(
                 batch.token_level_scores, batch.old_log_probs, batch.ref_log_probs,
-                batch.response_mask, self.kl_ctrl.value, alg.kl_penalty)
+                batch.loss_mask, self.kl_ctrl.value, alg.kl_penalty)
             metrics |= m  # the controller moves once per batch, after its last chunk
         baselines = None
         if alg.adv_estimator == "remax":
             baselines = torch.tensor([g.baseline_reward or 0.0 for g in groups
                                       for _ in g.trajectories])
         batch.advantages, batch.returns = compute_advantage(
-            alg.adv_estimator, batch.token_level_rewards, batch.response_mask, batch.index,
+            alg.adv_estimator, batch.token_level_rewards, batch.loss_mask, batch.index,
             values=batch.values, reward_baselines=baselines, gamma=alg.gamma, lam=alg.lam,
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
 
     def _batch_metrics(self, batches: Sequence[TrainBatch]) -> dict[str, float]:
-        """Statistics over the response tokens (rows for rewards) of all these prepared batches."""
+        """Statistics over the trained response tokens (rows for rewards) of all these prepared
+        batches; with multi-turn episodes among them, their model tokens per response too."""
         def tokens(b: TrainBatch, values: torch.Tensor | None) -> torch.Tensor:
             assert values is not None, "prepare the batch first"
-            return values[b.response_mask.bool()]
+            return values[b.loss_mask.bool()]
 
         def cat(values: list[torch.Tensor]) -> torch.Tensor:
             return torch.cat(values).float()
@@ -251,5 +252,10 @@ class PPOTrainer:
         if self.old_log_prob_source in PASS_SOURCES:
             diff = cat([tokens(b, b.old_log_probs) - tokens(b, b.rollout_log_probs) for b in batches]).abs()
             metrics["training/rollout_logprob_diff_mean"] = float(masked_mean(diff, torch.ones_like(diff)))
+        if any(b.has_context_tokens for b in batches):
+            model = cat([b.loss_mask.sum(-1) for b in batches])
+            metrics |= masked_stats("response_length/model_tokens", model, torch.ones_like(model))
+            metrics["response_length/model_token_ratio"] = float(model.sum() / cat(
+                [b.response_mask.sum(-1) for b in batches]).sum().clamp_min(1.0))
         return metrics
 

@@ -99,11 +99,14 @@ def test_reinforce_plus_plus_discounted_and_whitened() -> None:
     close(adv, [[-0.87287153, -0.21821788, 1.09108941]])
 
 
-def test_reinforce_plus_plus_restarts_after_masked_token() -> None:
+def test_reinforce_plus_plus_carries_the_return_over_masked_tokens() -> None:
+    # a tool segment between two turns: turn 1 gets the reward after it, undiscounted across it
     rewards = torch.tensor([[1.0, 5.0, 2.0]])
     mask = torch.tensor([[1.0, 0.0, 1.0]])
     _, ret = compute_advantage("reinforce_plus_plus", rewards, mask, ["p"], gamma=1.0)
-    close(ret, [[1.0, 0.0, 2.0]])
+    close(ret, [[3.0, 0.0, 2.0]])
+    _, ret = compute_advantage("reinforce_plus_plus", rewards, mask, ["p"], gamma=0.5)
+    close(ret, [[2.0, 0.0, 2.0]])
 
 
 def test_reinforce_plus_plus_baseline_hand_example() -> None:

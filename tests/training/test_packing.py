@@ -66,7 +66,8 @@ def test_pack_lays_rows_end_to_end_with_restarting_positions():
     batch = TrainBatch(
         input_ids=torch.tensor([[0, a, b, 0], [c, d, e, f]]), attention_mask=torch.tensor([[0, 1, 1, 0], [1, 1, 1, 1]]),
         position_ids=torch.tensor([[0, 0, 1, 1], [0, 1, 2, 3]]), responses=torch.tensor([[b, 0], [e, f]]),
-        response_mask=torch.tensor([[1.0, 0.0], [1.0, 1.0]]), rollout_log_probs=torch.zeros(2, 2),
+        response_mask=torch.tensor([[1.0, 0.0], [1.0, 1.0]]), loss_mask=torch.tensor([[1.0, 0.0], [1.0, 1.0]]),
+        rollout_log_probs=torch.zeros(2, 2),
         token_level_scores=torch.zeros(2, 2), versions=torch.zeros(2, 2, dtype=torch.long), index=["x", "y"],
         prompt_width=2)
     p = pack(batch)
