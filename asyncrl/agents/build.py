@@ -1,0 +1,68 @@
+"""The episode a run's rollout servers play, from `rollout.multi_turn`.
+
+`episode_from_config` returns None when multi_turn is off (the server's single-turn path), the
+function named by `rollout.multi_turn.episode` ("module:function" or "path/file.py:function"),
+or the built-in tool episode over the registry of `rollout.multi_turn.tool_config_path`.
+A name that does not resolve is a ConfigError naming the key, raised when the server is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from typing import Any, cast
+
+from asyncrl.agents.episode import Episode
+from asyncrl.agents.messages import MessageTemplate
+from asyncrl.agents.tool_episode import ToolEpisode
+from asyncrl.config.long_tail import SandboxConfig
+from asyncrl.config.schema import MultiTurnConfig
+from asyncrl.errors import ConfigError
+
+KEY = "rollout.multi_turn.episode"
+
+
+def episode_from_config(mt: MultiTurnConfig, tokenizer: Any, *, sandbox: SandboxConfig,
+                        template_kwargs: dict[str, Any] | None = None) -> Episode | None:
+    if not mt.enable:
+        return None
+    if mt.episode:
+        return load_episode(mt.episode)
+    from asyncrl.tools import ToolRegistry, parse_tool_calls  # the tools load only for tool episodes
+
+    tools = ToolRegistry.from_config(mt.tool_config_path, sandbox=sandbox)
+    return ToolEpisode(mt, tools, parse_tool_calls, MessageTemplate(tokenizer, "tool", template_kwargs))
+
+
+def load_episode(spec: str) -> Episode:
+    """Import `"module:function"` or `"path/to/file.py:function"`: an async function
+    `(row, client, partial) -> Trajectory`."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ConfigError(f"{KEY} must look like 'package.module:function' or 'file.py:function', got {spec!r}")
+    try:
+        module = _import_file(where) if where.endswith(".py") or os.sep in where else importlib.import_module(where)
+    except Exception as exc:  # a user's module can fail to import in any way
+        raise ConfigError(f"{KEY}={spec!r}: cannot import {where!r} ({type(exc).__name__}: {exc})") from exc
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise ConfigError(f"{KEY}={spec!r}: {where!r} has no attribute {name!r}")
+    target = fn.__call__ if not inspect.isfunction(fn) and callable(fn) else fn
+    if not inspect.iscoroutinefunction(target):
+        raise ConfigError(f"{KEY}={spec!r}: {name!r} must be an async function (row, client, partial) -> Trajectory")
+    return cast(Episode, fn)
+
+
+def _import_file(path: str) -> Any:
+    if not os.path.isfile(path):
+        raise ImportError(f"no such file: {path}")
+    module_name = "asyncrl_custom_episode_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(module_name, os.path.abspath(path))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module

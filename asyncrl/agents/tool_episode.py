@@ -1,0 +1,117 @@
+"""The built-in episode: the model calls tools and reads their answers, turn after turn.
+
+    turn 1: model tokens (up to its end-of-turn token) -> parse tool calls -> none: done
+            -> run them (registry; timeout, output cut at max_tool_response_length)
+            -> ONE tool message with every result, tokenised between the template's delimiters
+    turn 2: model tokens ... until no call, a limit, or the response budget.
+
+Limits (`rollout.multi_turn`): a turn's calls past `max_tool_calls` for the episode become a
+line saying so in the tool message (`tool_limited`), never a run; a turn with calls once
+`max_assistant_turns` model turns or `max_user_turns` tool messages were spent ends the episode
+as it is (`turn_limited`), as verl's agent loop does; a tool message that would not leave the
+next turn a token of the response budget (`data.max_response_length`, `max_episode_tokens`)
+ends it with finish_reason "length". Calls that cannot be parsed become an error line
+(`tool_errors`). Counters land in `Trajectory.episode`.
+
+An abort during a tool call does not cut the call: the episode waits for it (bounded by
+`tool_timeout_s`), appends its message, and only then stops (the next `generate` returns
+"aborted"), so a resumed episode never runs a tool twice. Not here: the tools themselves
+(`asyncrl.tools`), the episode interface (`asyncrl.agents.episode`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from asyncrl.agents.episode import EngineClient, EpisodeBuilder
+from asyncrl.agents.messages import MessageTemplate
+from asyncrl.config.names import ToolCallFormat
+from asyncrl.config.schema import MultiTurnConfig
+from asyncrl.types import PromptRow, Trajectory
+
+
+class ToolCallLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class ToolResultLike(Protocol):
+    @property
+    def text(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def truncated(self) -> bool: ...
+
+
+class Tools(Protocol):
+    """What the episode needs of a tool registry (`asyncrl.tools.ToolRegistry`)."""
+
+    async def run(self, call: Any, *, timeout_s: float, max_chars: int) -> ToolResultLike:
+        """Never raises: a failing, hanging or unknown tool is a result with a status."""
+        ...
+
+
+ParseCalls = Callable[[str, ToolCallFormat], "tuple[Sequence[Any], Sequence[str]]"]
+"""`asyncrl.tools.parse_tool_calls`: (calls, one message per block that could not be read)."""
+
+
+class ToolEpisode:
+    """The built-in tool-calling episode (`Episode`); one instance serves every episode of a run."""
+
+    def __init__(self, cfg: MultiTurnConfig, tools: Tools, parse: ParseCalls, message: MessageTemplate) -> None:
+        self.cfg = cfg
+        self.tools = tools
+        self.parse = parse
+        self.message = message
+
+    async def __call__(self, row: PromptRow, client: EngineClient, partial: Trajectory | None) -> Trajectory:
+        ep = EpisodeBuilder.resume(client.prompt_ids, partial)
+        budget = client.max_response_tokens
+        while True:
+            prefix = ep.open_turn()
+            room = budget - len(ep.response_ids)
+            if room < 1:
+                return ep.trajectory(client.episode_id, "length")
+            turn = await client.generate([*client.prompt_ids, *ep.response_ids], max_tokens=room, prefix=prefix)
+            if prefix is None and turn.response_ids:  # a turn is counted once, when it has a token
+                ep.count("num_turns")
+            ep.add_model(turn)
+            if turn.finish_reason != "stop":  # aborted (kept as an open turn) or out of budget
+                return ep.trajectory(client.episode_id, turn.finish_reason)
+            text = client.tokenizer.decode(list(turn.response_ids), skip_special_tokens=False)
+            calls, errors = self.parse(text, self.cfg.format)
+            if not calls and not errors:
+                return ep.trajectory(client.episode_id, "stop")
+            if ep.get("num_turns") >= self.cfg.max_assistant_turns or ep.get("user_turns") >= self.cfg.max_user_turns:
+                ep.count("turn_limited")
+                return ep.trajectory(client.episode_id, "stop")
+            ids = self.message.encode(await self._answers(calls, errors, ep))
+            if len(ep.response_ids) + len(ids) >= budget:
+                return ep.trajectory(client.episode_id, "length")
+            ep.add_environment(ids)
+            ep.count("user_turns")
+
+    async def _answers(self, calls: Sequence[Any], errors: Sequence[str], ep: EpisodeBuilder) -> str:
+        """One tool message: each call's answer (past max_tool_calls: a line saying so), then
+        each parse error. Calls of one turn run at once."""
+        allowed = max(int(self.cfg.max_tool_calls - ep.get("tool_calls")), 0)
+        run, refused = calls[:allowed], calls[allowed:]
+        results = await asyncio.gather(*(self.tools.run(c, timeout_s=self.cfg.tool_timeout_s,
+                                                        max_chars=self.cfg.max_tool_response_length) for c in run))
+        for r in results:
+            ep.count("tool_calls")
+            ep.count("tool_time_s", r.seconds)
+            ep.count("tool_errors", r.status != "ok")
+            ep.count("tool_truncated", r.truncated)
+        ep.count("tool_limited", len(refused))
+        ep.count("tool_errors", len(errors))
+        lines = [r.text for r in results]
+        lines += [f"error: {c.name}: no more tool calls in this episode "
+                  f"(max_tool_calls={self.cfg.max_tool_calls})" for c in refused]
+        lines += [f"error: {e}" for e in errors]
+        return "\n".join(lines)

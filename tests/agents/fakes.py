@@ -1,0 +1,97 @@
+"""Named fakes for episode tests: a scripted model behind a TurnRunner, tools, a call parser."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.models.tokenizer import build_char_tokenizer
+from asyncrl.types import FinishReason, GenerationRequest, Trajectory
+
+TOK = build_char_tokenizer()
+EOS = TOK.eos_token  # "<|end|>"
+
+
+@dataclass(frozen=True)
+class FakeCall:
+    name: str
+    arguments: dict[str, Any]
+    text: str
+
+
+@dataclass(frozen=True)
+class FakeResult:
+    text: str
+    status: str
+    seconds: float
+    truncated: bool = False
+
+
+def compact_calls(text: str, fmt: str) -> tuple[list[FakeCall], list[str]]:
+    """`<tool_call>NAME ARG</tool_call>` blocks; an empty block is a parse error."""
+    calls, errors = [], []
+    for m in re.finditer(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL):
+        name, _, arg = m.group(1).strip().partition(" ")
+        if name:
+            calls.append(FakeCall(name, {"expression": arg}, m.group(0)))
+        else:
+            errors.append("empty call")
+    return calls, errors
+
+
+class AddTools:
+    """`add A+B` answers the sum after `delay_s`; `boom` fails; every call is recorded."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.calls: list[FakeCall] = []
+        self.max_chars: list[int] = []
+
+    async def run(self, call: FakeCall, *, timeout_s: float, max_chars: int) -> FakeResult:
+        self.calls.append(call)
+        self.max_chars.append(max_chars)
+        await asyncio.sleep(self.delay_s)
+        if call.name != "add":
+            return FakeResult(f"unknown tool {call.name}", "unknown_tool", self.delay_s)
+        a, b = call.arguments["expression"].split("+")
+        text = str(int(a) + int(b))
+        return FakeResult(text[:max_chars], "ok", self.delay_s, len(text) > max_chars)
+
+
+class ScriptedModel:
+    """A TurnRunner whose turn k (k = `marker`s, tool messages, in the context) is `script(k)` + EOS.
+
+    Token t of a turn has log-prob -(t + 1) / 100 and the model's current `version`. `cut`
+    maps a call number to how many new tokens it yields before returning "aborted" (an abort
+    in that turn). Requests are recorded."""
+
+    def __init__(self, script: Callable[[int], str], version: int = 0, cut: dict[int, int] | None = None,
+                 tok: Any = TOK, marker: str = "<|tool|>") -> None:
+        self.script = script
+        self.tok = tok
+        self.marker = marker
+        self.version = version
+        self.cut = cut or {}
+        self.requests: list[GenerationRequest] = []
+
+    async def __call__(self, request: GenerationRequest) -> Trajectory:
+        call = len(self.requests)
+        self.requests.append(request)
+        k = self.tok.decode(list(request.prompt_ids)).count(self.marker)
+        full = self.tok.encode(self.script(k) + self.tok.eos_token, add_special_tokens=False)
+        ids = list(request.prefix_ids)
+        assert full[: len(ids)] == ids, "a continued turn starts with its prefix"
+        logprobs, versions = list(request.prefix_logprobs), list(request.prefix_versions)
+        limit = min(len(full), request.params.max_tokens)
+        stop_at = len(ids) + self.cut[call] if call in self.cut else None
+        while len(ids) < limit:
+            if stop_at is not None and len(ids) >= stop_at:
+                return Trajectory(request.request_id, request.prompt_ids, ids, logprobs, versions, "aborted")
+            logprobs.append(-(len(ids) + 1) / 100)
+            ids.append(full[len(ids)])
+            versions.append(self.version)
+        reason: FinishReason = "stop" if ids and ids[-1] == self.tok.eos_token_id else "length"
+        return Trajectory(request.request_id, request.prompt_ids, ids, logprobs, versions, reason)
