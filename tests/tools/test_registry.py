@@ -212,3 +212,8 @@ def test_calls_run_concurrently_and_each_gets_its_own_answer():
         return await asyncio.gather(*(FAKES.run(c, timeout_s=5.0, max_chars=100) for c in calls))
 
     assert [r.text for r in asyncio.run(many())] == [str(k) * k for k in range(1, 9)]
+
+
+def test_a_sandbox_that_cannot_run_fails_at_start_up_naming_its_key():
+    with pytest.raises(ConfigError, match="sandbox.backend=http needs sandbox.url"):
+        ToolRegistry.from_config("", sandbox=SandboxConfig(backend="http"))
