@@ -222,3 +222,9 @@ class EngineStats:
     generated_tokens: int
     tokens_per_s: float
     version: int
+    prefill_tokens: int = 0
+    """Prompt positions prefilled so far (after prefix-cache reuse)."""
+    prefix_cache_queries: int = 0
+    """Admissions that looked up the prefix cache (0 without one)."""
+    prefix_cache_hit_tokens: int = 0
+    """Prompt positions taken from the prefix cache instead of prefilled."""

@@ -45,7 +45,12 @@ Semantics callers rely on:
   (`asyncrl.oom`: one line naming `rollout.gpu_memory_utilization` and the trainer's budgets),
   from the constructor or from the step's requests' `generate`.
 
-Not here: tokenization, prefix caching, chunked prefill, speculative decoding, tensor parallel.
+- With `EngineSettings.prefix_cache` a finished sequence's K/V stay in a free slot, and a request
+  whose prompt starts with them prefills only the rest (`asyncrl.rollout.prefix_cache`: a
+  multi-turn episode's next turn); `pin`/`unpin` hold an entry through a tool call. A weight
+  load drops the unpinned entries.
+
+Not here: tokenization, chunked prefill, speculative decoding, tensor parallel.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ from asyncrl.models.tensors import checksum, export_named
 from asyncrl.oom import out_of_memory_as
 from asyncrl.roles import PauseMode
 from asyncrl.rollout.generic import describe
+from asyncrl.rollout.prefix_cache import PrefixCache
 from asyncrl.rollout.runner import StepRunner
 from asyncrl.rollout.scheduler import Scheduler, StepPlan, StepResult
 from asyncrl.rollout.sequence import Sequence
@@ -101,8 +107,9 @@ class TorchEngine:
             )
         self._vocab_size = self._runner.forward.vocab_size
         self._log_limits(model, settings.max_num_seqs)
+        self._prefix = self._prefix_cache(settings)
         self._scheduler = Scheduler(self._runner.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens,
-                                    min_free_slots=settings.admit_free_slots)
+                                    min_free_slots=settings.admit_free_slots, prefix=self._prefix)
         self._kv_budget = settings.kv_budget_tokens
         self._max_model_len = settings.model_len
         self._num_threads = settings.num_threads
@@ -135,6 +142,14 @@ class TorchEngine:
                            "available), fewer than max_num_seqs=%d; raise rollout.gpu_memory_utilization "
                            "to run more at once", kv.slots, kv.capacity, kv.kv_bytes / 2**30,
                            kv.available_bytes / 2**30, max_num_seqs)
+
+    def _prefix_cache(self, settings: EngineSettings) -> PrefixCache | None:
+        """The prefix cache when asked for and the forward's cache can hold one (logged once if not)."""
+        if settings.prefix_cache and not self._runner.prefix_cacheable:
+            logger.warning("TorchEngine: no prefix cache on the generic path's per-row HF cache")
+        if not settings.prefix_cache or not self._runner.prefix_cacheable:
+            return None
+        return PrefixCache(self._runner.max_num_seqs, settings.model_len - 1)  # graph padding rows write the last
 
     # ---- public API ----
 
@@ -196,6 +211,23 @@ class TorchEngine:
         """
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._compute(), self._runner.load_weights, named_tensors, version)
+        if self._prefix is not None:
+            self._prefix.drop_unpinned()
+
+    def pin(self, token_ids: SequenceABC[int], timeout_s: float) -> bool:
+        """Keep the prefix-cache entry of a finished request whose prompt + response is `token_ids`
+        from eviction for `timeout_s` seconds, or until a request extending it is admitted or
+        `unpin` (rollout.multi_turn.keep_slot=keep, during a tool call). False when it is not
+        cached (no prefix cache, not kept, or evicted). Not in `asyncrl.roles.Engine`: an extra."""
+        if self._prefix is None:
+            return False
+        if self._idle.is_set():
+            self._scheduler.sweep()  # finished while paused: its entry is made at the sweep
+        return self._prefix.pin(token_ids, timeout_s)
+
+    def unpin(self, token_ids: SequenceABC[int]) -> bool:
+        """Make `pin`'s entry evictable again (the episode ended); False when it is not cached."""
+        return self._prefix is not None and self._prefix.unpin(token_ids)
 
     def weights_checksum(self) -> str:
         return checksum(export_named(self._runner.model))
@@ -211,6 +243,9 @@ class TorchEngine:
             generated_tokens=self._generated_tokens,
             tokens_per_s=self._tokens_per_s(),
             version=self._runner.version,
+            prefill_tokens=self._scheduler.prefill_tokens,
+            prefix_cache_queries=self._scheduler.prefix_queries,
+            prefix_cache_hit_tokens=self._scheduler.prefix_hit_tokens,
         )
 
     async def aclose(self) -> None:
@@ -336,8 +371,10 @@ class TorchEngine:
 
     async def _wait_for_work(self, loop: asyncio.AbstractEventLoop) -> None:
         self._wakeup.clear()
-        # Idle: give the cache's memory back, unless graphs were captured over it (static decode).
-        if not self._scheduler.running and self._runner.cache.allocated_tokens and self._runner.graphs is None:
+        # Idle: give the cache's memory back, unless graphs were captured over it (static decode)
+        # or it holds prefix-cache entries (a multi-turn episode's next turn comes after its tools).
+        if not self._scheduler.running and self._runner.cache.allocated_tokens and self._runner.graphs is None \
+                and not self._prefix:
             await loop.run_in_executor(self._compute(), self._runner.release_cache)
             if self._wakeup.is_set():
                 return
@@ -353,6 +390,8 @@ class TorchEngine:
                                                   else functools.partial(self._runner.run, plan))
         except Exception as error:  # a failed step fails its rows (and the queued step's), not the engine
             self._runner.drop()
+            if self._prefix is not None:  # the step's moves may not have run: trust no entry
+                self._prefix.clear()
             wrapped = error if isinstance(error, OutOfMemory) else RolloutError(f"TorchEngine step failed: {error!r}")
             for failed in (queued, plan):
                 for seq in failed.seqs if failed is not None else ():

@@ -16,13 +16,14 @@ buffers' rows).
 Not here (`fast_path_problem` says why, and the engine takes `asyncrl.rollout.generic`
 instead): other architectures, sliding-window layers, non-SiLU MLPs, rope types whose
 frequencies depend on the sequence length ("dynamic", "longrope": HF recomputes them from the
-batch's longest position, which a mixed batch would get wrong). No prefix caching: a prefill
-always starts at position 0.
+batch's longest position, which a mixed batch would get wrong). A prefill after a prefix-cache
+hit (`prefill_after`) runs eagerly, one attention call per row.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Protocol, cast
 
@@ -34,7 +35,7 @@ from asyncrl.errors import RolloutError
 from asyncrl.rollout.attention import DecodeAttentionPath, StepAttention
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.merged import MergedLayer, merge_layer
-from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, causal_attention, packed_attention
+from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, cached_attention, causal_attention, packed_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
@@ -314,3 +315,23 @@ class BatchedForward:
             h = h + layer.self_attn.o_proj(attended.reshape(1, n, self.num_heads * self.head_dim))
             h = self._mlp_residual(layer, h)
         return self._logits(h[0].index_select(0, packed.last), out)
+
+    def prefill_after(self, cache: SlotKVCache, packed: PackedPrompts, starts: Sequence[int],
+                      first_slot: int) -> torch.Tensor:
+        """`prefill_packed` for rows whose slots hold their first `starts[r]` positions already
+        (prefix-cache hits): the packed tokens sit at positions starts[r].. (`pack_prompts(...,
+        starts=)`) and attend the cached positions before them as well as each other. One causal
+        attention call per row over its slot (`cached_attention`). Returns (R, V) float32 logits."""
+        n = packed.ids.shape[0]
+        h = self.base.embed_tokens(packed.ids)[None]  # (1, N, hidden)
+        cos, sin = self.base.rotary_emb(h, packed.positions[None])  # (1, N, D)
+        cos, sin = cos[:, :, None], sin[:, :, None]
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, _rms_norm(layer.input_layernorm, h), cos, sin)  # (1, N, heads, D)
+            cache.keys[i][packed.slots, :, packed.positions] = k[0]
+            cache.values[i][packed.slots, :, packed.positions] = v[0]
+            attended = cached_attention(q[0], cache.keys[i], cache.values[i], packed.lengths, starts, first_slot,
+                                        self.scaling)  # (N, H, D)
+            h = h + layer.self_attn.o_proj(attended.reshape(1, n, self.num_heads * self.head_dim))
+            h = self._mlp_residual(layer, h)
+        return self._logits(h[0].index_select(0, packed.last))

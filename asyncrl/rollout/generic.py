@@ -180,9 +180,12 @@ class GenericForward:
     # ---- prefill ----
 
     def prefill(self, cache: Any, token_ids: torch.Tensor, lengths: torch.Tensor,
-                first_slot: int) -> torch.Tensor:
+                first_slot: int, starts: Sequence[int] = ()) -> torch.Tensor:
         """Right-padded contexts from position 0 into slots first_slot..; (n, V) float32 logits
-        of each row's last real token."""
+        of each row's last real token. `starts` (batched mode only): row i's slot holds its
+        first starts[i] positions already (a prefix-cache hit) and its tokens come after them."""
+        if isinstance(cache, SlotKVCache) and any(starts):
+            return self._prefill_after(cache, token_ids, lengths, first_slot, starts)
         if isinstance(cache, SlotKVCache):
             return self._prefill_batched(cache, token_ids, lengths, first_slot)
         rows = [self._run_row(cache, first_slot + i, token_ids[i : i + 1, : int(n)], first=True)
@@ -207,6 +210,35 @@ class GenericForward:
             cache.values[layer][first_slot : first_slot + n, :, :t] = values
         column = torch.searchsorted(keep, last) if self.keeps_logits else last
         return out.logits[torch.arange(n, device=token_ids.device), column].float()
+
+    def _prefill_after(self, cache: SlotKVCache, token_ids: torch.Tensor, lengths: torch.Tensor, first_slot: int,
+                       starts: Sequence[int]) -> torch.Tensor:
+        """As `_decode_batched` does for one token: HF sees every row with P = max(starts)
+        cached positions (a row's columns from its start to P hidden by the mask), the new
+        tokens at HF's positions P.. with their own position ids; each real token's K/V is
+        then copied to its slot at start + i."""
+        n, t = token_ids.shape
+        device = token_ids.device
+        past = max(starts)
+        start = torch.tensor(list(starts), dtype=torch.int64, device=device)[:, None]  # (n, 1)
+        hf_cache = DynamicCache(ddp_cache_data=[
+            (k[first_slot : first_slot + n, :, :past], v[first_slot : first_slot + n, :, :past])
+            for k, v in zip(cache.keys, cache.values)
+        ])
+        columns = torch.arange(past + t, device=device)[None]
+        mask = (columns < start) | ((columns >= past) & (columns < past + lengths[:, None]))  # (n, P + T)
+        steps = torch.arange(t, device=device)[None]
+        kwargs: dict[str, Any] = {"logits_to_keep": t} if self.keeps_logits else {}
+        out = self.model(input_ids=token_ids, attention_mask=mask.long(), position_ids=start + steps,
+                         past_key_values=hf_cache, use_cache=True, **kwargs)
+        real = steps < lengths[:, None]  # (n, T): real tokens, not padding
+        rows, cols = real.nonzero(as_tuple=True)
+        slots, positions = first_slot + rows, (start + steps)[rows, cols]
+        for layer, (keys, values) in enumerate(_kv_pairs(out.past_key_values)):
+            cache.keys[layer][slots, :, positions] = keys[rows, :, past + cols]
+            cache.values[layer][slots, :, positions] = values[rows, :, past + cols]
+        logits = out.logits[:, -t:]
+        return logits[torch.arange(n, device=device), lengths - 1].float()
 
     # ---- per row ----
 

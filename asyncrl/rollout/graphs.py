@@ -25,9 +25,10 @@ valid across syncs. A cache whose buffers are replaced bumps its `generation`, a
 the old buffers are captured again (the sized GPU cache is allocated once; on the CPU the cache
 grows, but nothing is captured there).
 
-Padding rows (position 0, length 0, whatever token their slot sampled last) sit in the slots
-after the real rows: those are free or belong to this step's prefill rows, whose K/V and sampled
-tokens are written after the decode. What they sample is never read. On CPU the same code runs
+Padding rows (at the cache's last position, length 0, whatever token their slot sampled last)
+sit in the slots after the real rows: those are free, or belong to this step's prefill rows,
+whose K/V and sampled tokens are written after the decode, or hold a prefix-cache entry, which
+never reaches the last position (the runner keeps one more). What they sample is never read. On CPU the same code runs
 eagerly (`capture=False`), which is how the tests check it.
 
 `BucketedPrefill` does the same for the packed prefill on CUDA (`asyncrl.rollout.prefill`): its
@@ -130,7 +131,8 @@ class BucketedDecode:
         size = next(s for s in self.sizes if s >= b)
         # the kernel reads each row's length from the inputs: no length in the key, one graph per bucket
         length = 0 if self._reads_length else attention_length(max(positions), self.cache.capacity)
-        host = torch.zeros(size, 2, dtype=torch.int64)  # padding rows: position 0, length 0
+        host = torch.zeros(size, 2, dtype=torch.int64)  # padding rows: the last position, length 0
+        host[b:, 0] = self.cache.capacity - 1
         host[:b, 0] = torch.tensor(positions, dtype=torch.int64)
         host[:b, 1] = host[:b, 0] + 1
         copy_from_host(self._inputs[:size], host)

@@ -78,7 +78,8 @@ def layout_size(tokens: int, rows: int) -> int:
 
 
 def pack_prompts(contexts: Sequence[Sequence[int]], first_slot: int, *, tokens: int | None = None,
-                 rows: int | None = None, capacity: int | None = None) -> tuple[Tensor, tuple[int, ...]]:
+                 rows: int | None = None, capacity: int | None = None,
+                 starts: Sequence[int] | None = None) -> tuple[Tensor, tuple[int, ...]]:
     """(host int64 layout, row lengths) of `contexts` prefilled into slots first_slot.. .
 
     Padded to `tokens` and `rows` when given (default: the prompts' own): the tail tokens (id 0)
@@ -87,6 +88,8 @@ def pack_prompts(contexts: Sequence[Sequence[int]], first_slot: int, *, tokens: 
     each), bounds (`rows` + 1), last token of each row (`rows`).
     Example: contexts (5, 6, 7), (8,), first_slot 2, tokens 6, rows 3 -> ids 5 6 7 8 0 0,
     positions 0 1 2 0 1 2, slots 2 2 2 3 3 3, bounds 0 3 6 6, last 2 3 0; lengths (3, 3, 0).
+    `starts`: each row's first position (a prefix-cache hit's tokens follow its cached ones);
+    default 0. Example: contexts (5, 6), (8,), starts 4, 0 -> positions 4 5 0.
     """
     lengths = [len(c) for c in contexts]
     real = sum(lengths)
@@ -96,7 +99,10 @@ def pack_prompts(contexts: Sequence[Sequence[int]], first_slot: int, *, tokens: 
     flat = torch.zeros(layout_size(tokens, rows), dtype=torch.int64)
     ids, positions, slots = flat[: 3 * tokens].view(3, tokens)
     ids[:real] = torch.tensor([t for c in contexts for t in c], dtype=torch.int64)
-    positions[:] = torch.cat([torch.arange(n) for n in lengths] + [torch.arange(lengths[-1], lengths[-1] + tail)])
+    starts = starts or [0] * len(lengths)
+    end = starts[-1] + lengths[-1]
+    spans = [torch.arange(s, s + n) for s, n in zip(starts, lengths)]
+    positions[:] = torch.cat([*spans, torch.arange(end, end + tail)])
     if capacity is not None:
         positions.clamp_(max=capacity - 1)
     slots[:] = torch.repeat_interleave(torch.arange(first_slot, first_slot + len(lengths)),
@@ -125,6 +131,29 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, packed: PackedPrompts, pat
         qr, kr, vr = (x[start : start + n].transpose(0, 1)[None] for x in (q, k, v))  # (1, H, n, D)
         outs.append(causal_attention(qr, kr, vr, scale)[0].transpose(0, 1))
         start += n
+    return torch.cat(outs)
+
+
+def cached_attention(q: Tensor, keys: Tensor, values: Tensor, lengths: Sequence[int], starts: Sequence[int],
+                     first_slot: int, scale: float) -> Tensor:
+    """Attention of packed rows whose K/V are in their cache slots (row r: slot first_slot + r,
+    its tokens at positions starts[r] .. starts[r] + lengths[r] - 1, written already): each
+    query attends its slot's positions up to its own. q (N, H, D), keys/values one layer's
+    (slots, H_kv, capacity, D) -> (N, H, D). One SDPA call per row, the causal mask offset by
+    the start (SDPA's own is_causal aligns a short query with the first keys, not the last)."""
+    outs, at = [], 0
+    for row, (n, start) in enumerate(zip(lengths, starts)):
+        span = start + n
+        qr = q[at : at + n].transpose(0, 1)[None]  # (1, H, n, D)
+        kr, vr = keys[first_slot + row, :, :span][None], values[first_slot + row, :, :span][None]  # (1, Hkv, span, D)
+        allowed = torch.ones(n, span, dtype=torch.bool, device=q.device).tril(diagonal=start)
+        if _SDPA_GQA:
+            out = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=allowed, scale=scale, enable_gqa=True)
+        else:  # torch < 2.5
+            out = F.scaled_dot_product_attention(qr, kernels.repeat_heads(kr, q.shape[1]),
+                                                 kernels.repeat_heads(vr, q.shape[1]), attn_mask=allowed, scale=scale)
+        outs.append(out[0].transpose(0, 1))
+        at += n
     return torch.cat(outs)
 
 

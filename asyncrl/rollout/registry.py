@@ -42,7 +42,7 @@ def engine_settings(cfg: RolloutConfig, *, device: str, seed: int, max_model_len
                           max_model_len=max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
                           admit_min_free_slots=cfg.admit_min_free_slots,
                           decode_attention=cfg.decode_attention, fused_decode=cfg.fused_decode,
-                          packed_prefill=cfg.packed_prefill)
+                          packed_prefill=cfg.packed_prefill, prefix_cache=cfg.multi_turn.enable)
 
 
 def build_engine(cfg: RolloutConfig, model: nn.Module, eos_ids: Sequence[int], *, device: str,

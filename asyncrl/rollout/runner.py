@@ -32,7 +32,7 @@ from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
 from asyncrl.rollout.attention import resolve
 from asyncrl.rollout.forward import BatchedForward
-from asyncrl.rollout.generic import StepCache, StepForward, build_forward
+from asyncrl.rollout.generic import GenericForward, StepCache, StepForward, build_forward
 from asyncrl.rollout.graphs import BucketedDecode, BucketedPrefill
 from asyncrl.rollout.kernels import use_fused_decode
 from asyncrl.rollout.kv_cache import SlotKVCache
@@ -97,6 +97,8 @@ class StepRunner:
                                                       path="varlen", capture=self.device.type == "cuda")
         self.prefills: Counter[PrefillPath] = Counter()
         """Prefill forwards run, by path: what tests and benches read."""
+        self.prefills_after = 0
+        """Prefill forwards of prefix-cache hits (`_prefill_after`), not counted in `prefills`."""
         self.lock = threading.Lock()
         self.version = version
         self._results = _Results(max_num_seqs, self.device)
@@ -151,11 +153,17 @@ class StepRunner:
 
     def _launch(self, plan: StepPlan) -> _Launched:
         """Moves, forwards and sampling of `plan`, then its results' copy to the host, all queued."""
-        self.cache.apply_moves(plan.moves)
-        self.sampler.apply_moves(plan.moves)
         num_decode = len(plan.decode_positions)
         last_positions = [*plan.decode_positions, *(len(c) - 1 for c in plan.prefill_contexts)]
-        self.cache.reserve(plan.num_rows, max(last_positions) + 1)
+        # prefix-cache entries live in slots past the rows, moved there by this plan: room for
+        # them first, and one position past the longest (padding rows of graph decode write the last)
+        slots = max(plan.num_rows, plan.cache_slots)
+        length = max(max(last_positions) + 1, plan.cache_len + (self.graphs is not None))
+        if plan.cache_slots:
+            self.cache.reserve(slots, length)
+        self.cache.apply_moves(plan.moves)
+        self.sampler.apply_moves(plan.moves)
+        self.cache.reserve(slots, length)
         if plan.seqs != self._sampled_rows:  # Sequence compares by identity
             self._mode = self.sampler.set_rows(plan.keys, plan.params)
             self._sampled_rows = plan.seqs
@@ -167,7 +175,8 @@ class StepRunner:
         elif num_decode:
             sampled = self.sampler.sample_rows(self._decode(num_decode, max(plan.decode_positions) + 1), 0, mode)
         if plan.prefill_contexts:
-            prefilled = self.sampler.sample_rows(self._prefill(plan.prefill_contexts, num_decode), num_decode, mode)
+            logits = self._prefill(plan.prefill_contexts, num_decode, plan.prefill_starts)
+            prefilled = self.sampler.sample_rows(logits, num_decode, mode)
             sampled = None if num_decode else prefilled
         if sampled is None:
             sampled = self.sampler.tokens[: plan.num_rows], self.sampler.logprobs[: plan.num_rows]
@@ -181,16 +190,22 @@ class StepRunner:
             return self.forward.decode(self.cache, tokens, positions, length=length)
         return self.forward.decode(self.cache, tokens, positions)
 
-    def _prefill(self, contexts: tuple[tuple[int, ...], ...], first_slot: int) -> torch.Tensor:
+    def _prefill(self, contexts: tuple[tuple[int, ...], ...], first_slot: int,
+                 starts: tuple[int, ...] = ()) -> torch.Tensor:
         """Prefill rows into slots first_slot.. ; identical contexts (a GRPO group's n samples
-        of one prompt) are computed once and their K/V copied: n x less prefill compute."""
+        of one prompt) are computed once and their K/V copied: n x less prefill compute. A row
+        with a start > 0 (a prefix-cache hit) computes its positions from there on."""
         unique: dict[tuple[int, ...], int] = {}
         source = [unique.setdefault(c, len(unique)) for c in contexts]
-        shared = len(unique) < len(contexts) and isinstance(self.cache, SlotKVCache)
+        # a hit's cached positions are in its own slot: rows are computed where they are then
+        shared = len(unique) < len(contexts) and isinstance(self.cache, SlotKVCache) and not any(starts)
         rows = list(unique) if shared else list(contexts)
-        self.prefills[self.prefill_path] += 1
-        logits = self._prefill_padded(rows, first_slot) if self.prefill_path == "padded" else \
-            self._prefill_packed(rows, first_slot)
+        if any(starts):
+            logits = self._prefill_after(rows, first_slot, starts)
+        else:
+            self.prefills[self.prefill_path] += 1
+            logits = self._prefill_padded(rows, first_slot) if self.prefill_path == "padded" else \
+                self._prefill_packed(rows, first_slot)
         if not shared:
             return logits
         assert isinstance(self.cache, SlotKVCache)
@@ -215,6 +230,29 @@ class StepRunner:
         flat, lengths = pack_prompts(rows, first_slot)
         packed = PackedPrompts.view(to_device(flat, self.device), sum(lengths), len(rows), lengths, max(lengths))
         return self.forward.prefill_packed(self.cache, packed, self.prefill_path)
+
+    def _prefill_after(self, rows: Sequence[tuple[int, ...]], first_slot: int, starts: Sequence[int]) -> torch.Tensor:
+        """Rows whose slots hold their first starts[i] positions already (prefix-cache hits):
+        only the rest is computed, at positions from the start on, eagerly (no graphs)."""
+        assert isinstance(self.cache, SlotKVCache), "a prefix cache needs the slot KV cache"
+        self.prefills_after += 1
+        suffixes = [c[s:] for c, s in zip(rows, starts)]
+        if isinstance(self.forward, BatchedForward):
+            flat, lengths = pack_prompts(suffixes, first_slot, starts=starts)
+            packed = PackedPrompts.view(to_device(flat, self.device), sum(lengths), len(rows), lengths, max(lengths))
+            return self.forward.prefill_after(self.cache, packed, starts, first_slot)
+        assert isinstance(self.forward, GenericForward)
+        padded = torch.zeros(len(rows), max(len(c) for c in suffixes), dtype=torch.int64)
+        for row, suffix in enumerate(suffixes):
+            padded[row, : len(suffix)] = torch.tensor(suffix, dtype=torch.int64)
+        lens = to_device(torch.tensor([len(c) for c in suffixes], dtype=torch.int64), self.device)
+        return self.forward.prefill(self.cache, to_device(padded, self.device), lens, first_slot, starts=starts)
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        """Whether this forward's cache can keep and reuse prefixes: the slot KV cache (the
+        generic path's per-row HF cache objects cannot)."""
+        return isinstance(self.cache, SlotKVCache)
 
     def release_cache(self) -> None:
         with self.lock:

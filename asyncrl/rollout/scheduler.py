@@ -16,6 +16,12 @@ Policy, per step:
    (rows × longest context, i.e. padded tokens) allow; one admission per step is always allowed
    when it fits the token budget, however long its context.
 
+With a prefix cache (`asyncrl.rollout.prefix_cache`, `EngineSettings.prefix_cache`), a sequence
+that leaves keeps its K/V in a free slot past the running ones, and an admitted sequence whose
+context starts with a cached prefix takes that slot's K/V and prefills only the rest
+(`StepPlan.prefill_starts`); cached entries count against the token budget and are evicted before
+any running sequence is preempted.
+
 Why admission waits for free slots: a step that prefills makes every running row wait for the
 prefill, and a prefill step costs about the same for one prompt as for eight (on a GPU it is
 bound by kernel launches: ~55 ms eager against ~4 ms for a decode step of 64 rows, issue 24).
@@ -30,6 +36,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
+from asyncrl.rollout.prefix_cache import CachedPrefix, PrefixCache
 from asyncrl.rollout.sequence import Sequence
 from asyncrl.types import SamplingParams
 
@@ -44,6 +51,9 @@ class StepPlan:
     params: tuple[SamplingParams, ...]
     keys: tuple[int, ...]  # per-row sampling key (`Sequence.sample_key`)
     seqs: tuple[Sequence, ...]  # for apply(); the step thread must not read these
+    prefill_starts: tuple[int, ...] = ()  # per prefill row, positions its slot holds already (empty: none)
+    cache_slots: int = 0  # with a prefix cache: slots the KV cache keeps (entries past the rows), else 0
+    cache_len: int = 0  # with a prefix cache: positions the KV cache keeps (its longest entry)
 
     @property
     def num_rows(self) -> int:
@@ -61,9 +71,10 @@ class Scheduler:
     """Waiting queue + compact running set under a slot limit and a KV token budget."""
 
     def __init__(self, max_num_seqs: int, kv_budget_tokens: int, max_prefill_tokens: int,
-                 min_free_slots: int = 1) -> None:
+                 min_free_slots: int = 1, prefix: PrefixCache | None = None) -> None:
         """`min_free_slots`: admit only when this many slots are free (fewer when fewer requests
-        wait, any number when nothing runs); capped at `max_num_seqs`. 1 admits whenever a slot frees."""
+        wait, any number when nothing runs); capped at `max_num_seqs`. 1 admits whenever a slot frees.
+        `prefix`: keep leaving sequences' K/V and reuse it (None: every prefill from position 0)."""
         assert min_free_slots >= 1, min_free_slots
         self.max_num_seqs = max_num_seqs
         self.min_free_slots = min(min_free_slots, max_num_seqs)
@@ -72,6 +83,13 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.prefix = prefix
+        self.prefix_queries = 0
+        """Admissions that looked up the prefix cache."""
+        self.prefix_hit_tokens = 0
+        """Context positions admissions took from the prefix cache instead of prefilling."""
+        self.prefill_tokens = 0
+        """Context positions admissions prefilled (a GRPO group's shared prompt counted per row)."""
         self._moves: list[tuple[int, int, int]] = []
         self._admitted = 0
         self.step_counts: Counter[str] = Counter()
@@ -95,6 +113,8 @@ class Scheduler:
         """Forget everything (engine shutdown); returns what was in flight."""
         seqs = list(self.running) + list(self.waiting)
         self.running, self.waiting, self._moves = [], deque(), []
+        if self.prefix is not None:  # whether the last moves ran is unknown: trust no slot
+            self.prefix.clear()
         return seqs
 
     @property
@@ -106,7 +126,7 @@ class Scheduler:
     def sweep(self) -> None:
         """Remove running sequences that finished or were aborted, keeping slots compact."""
         for seq in [s for s in self.running if s.finish_reason is not None]:
-            self._remove_running(seq)
+            self._remove_running(seq, keep=True)
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step, or None when there is nothing to run."""
@@ -118,6 +138,7 @@ class Scheduler:
             return None
         decode = self.running[:num_decode]
         rows = decode + admitted
+        starts, cache_slots, cache_len = self._cache_fields(admitted)
         plan = StepPlan(
             moves=tuple(self._moves),
             decode_positions=tuple(s.cached_len for s in decode),
@@ -125,6 +146,7 @@ class Scheduler:
             params=tuple(s.request.params for s in rows),
             keys=tuple(s.sample_key for s in rows),
             seqs=tuple(rows),
+            prefill_starts=starts, cache_slots=cache_slots, cache_len=cache_len,
         )
         self._moves = []
         # What the step caches is known now, before its token is: the engine plans the next
@@ -158,8 +180,21 @@ class Scheduler:
 
     # ---- internals ----
 
-    def _remove_running(self, seq: Sequence) -> None:
+    def _cache_fields(self, admitted: list[Sequence]) -> tuple[tuple[int, ...], int, int]:
+        """The plan's prefill starts, and the slots and positions the KV cache must keep (the
+        prefix cache's entries live past the rows); (), 0, 0 without a prefix cache."""
+        if self.prefix is None:
+            return (), 0, 0
+        moved = [max(src, dst) + 1 for src, dst, _ in self._moves]
+        return (tuple(s.reused for s in admitted), max([self.prefix.top_slot, len(self.running), *moved]),
+                max([self.prefix.longest, *(n for _, _, n in self._moves)]))
+
+    def _remove_running(self, seq: Sequence, keep: bool = False) -> None:
+        """Take `seq` out of its slot, the last running one moving in; `keep`: its K/V become a
+        prefix-cache entry (when there is a cache)."""
         hole, last = seq.slot, len(self.running) - 1
+        if keep and self.prefix is not None:
+            self._moves += self.prefix.retire(seq.cached_ids, hole, last)
         if hole != last:
             mover = self.running[last]
             self._moves.append((last, hole, mover.cached_len))
@@ -171,6 +206,8 @@ class Scheduler:
     def _preempt_to_fit(self) -> None:
         # Each decode row adds one cached token this step.
         need = sum(s.cached_len + 1 for s in self.running)
+        if self.prefix is not None:  # cached entries go before any running sequence
+            need += self.prefix.tokens - self.prefix.evict(need + self.prefix.tokens - self.kv_budget_tokens)
         while need > self.kv_budget_tokens and len(self.running) > 1:
             victim = max(self.running, key=lambda s: s.admit_order)
             need -= victim.cached_len + 1
@@ -189,13 +226,23 @@ class Scheduler:
             if self.waiting[0].in_flight:  # preempted while its last token was sampled: prefill it once known
                 break
             n = self.waiting[0].context_len
-            if used + n > self.kv_budget_tokens:
+            hit, reuse = self.prefix.lookup(self.waiting[0].context_ids) if self.prefix else (None, 0)
+            if not self._fits(used + n - (len(hit.tokens) if hit else 0), hit):
                 break
             # The prefill is right-padded to its longest context: bound the padded size, which
             # is what the forward and its (rows, T, T) mask cost.
-            if admitted and (len(admitted) + 1) * max(longest, n) > self.max_prefill_tokens:
+            if admitted and (len(admitted) + 1) * max(longest, n - reuse) > self.max_prefill_tokens:
                 break
+            if self.prefix is not None:
+                moves = self.prefix.place(len(self.running), hit)
+                if moves is None:  # its slot holds a pinned entry and no other slot is free
+                    break
+                self._moves += moves
+                self.prefix_queries += 1
+                self.prefix_hit_tokens += reuse
             seq = self.waiting.popleft()
+            seq.reused = reuse
+            self.prefill_tokens += n - reuse
             seq.slot = len(self.running)
             seq.admit_order = self._admitted
             if seq.first_admitted_at is None:
@@ -204,5 +251,15 @@ class Scheduler:
             self.running.append(seq)
             admitted.append(seq)
             used += n
-            longest = max(longest, n)
+            longest = max(longest, n - reuse)
         return admitted
+
+    def _fits(self, running_tokens: int, hit: CachedPrefix | None) -> bool:
+        """Whether running sequences of `running_tokens` fit the budget beside the cached
+        entries, evicting unpinned ones (never `hit`, which the admission consumes) to make room."""
+        if self.prefix is None:
+            return running_tokens <= self.kv_budget_tokens
+        over = running_tokens + self.prefix.tokens - self.kv_budget_tokens
+        if over > 0:
+            self.prefix.evict(over, spare=hit)
+        return running_tokens + self.prefix.tokens <= self.kv_budget_tokens

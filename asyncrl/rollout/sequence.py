@@ -26,6 +26,7 @@ class Sequence:
     versions: list[int] = field(default_factory=list)
     slot: int = -1
     cached_len: int = 0  # positions whose K/V are in its cache slot once the planned steps have run
+    reused: int = 0  # positions of its context taken from the prefix cache at its last admission
     admit_order: int = -1  # larger = admitted later; the youngest is preempted first
     in_flight: int = 0  # planned steps whose token is not applied yet (the engine reads a step late)
     finish_reason: FinishReason | None = None
@@ -58,6 +59,12 @@ class Sequence:
     def context_ids(self) -> list[int]:
         """What a (re-)prefill feeds: prompt plus everything generated so far."""
         return list(self.request.prompt_ids) + self.response_ids
+
+    @property
+    def cached_ids(self) -> list[int]:
+        """The tokens whose K/V its slot holds: the context's first `cached_len` (the last sampled
+        token has none until a step feeds it)."""
+        return self.context_ids[: min(self.cached_len, self.context_len)]
 
     @property
     def context_len(self) -> int:

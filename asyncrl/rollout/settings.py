@@ -56,6 +56,10 @@ class EngineSettings:
     admit_min_free_slots: int = 0
     """Admit when min(this, waiting requests) slots are free or nothing runs; 0: `admit_free_slots`
     picks it (rollout.admit_min_free_slots)."""
+    prefix_cache: bool = False
+    """Keep finished sequences' K/V in free slots and prefill a prompt that starts with one only
+    past it (`asyncrl.rollout.prefix_cache`); on when rollout.multi_turn.enable (a turn's prompt is
+    the conversation so far), off for single-turn runs, which it would not speed up."""
 
     def __post_init__(self) -> None:
         for key, value in (("kv_budget_tokens", self.kv_budget_tokens), ("max_num_seqs", self.max_num_seqs),

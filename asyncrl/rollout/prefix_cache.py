@@ -1,0 +1,257 @@
+"""Automatic prefix caching for `TorchEngine`: finished sequences' K/V kept in free cache slots,
+reused by a later request whose prompt starts with the same tokens (a multi-turn episode's next
+turn, whose prompt is the whole conversation so far).
+
+What vLLM's automatic prefix caching does with blocks, done here within the engine's slot layout
+(`asyncrl.rollout.kv_cache`): running sequences occupy slots 0..B-1; a cached entry is one whole
+slot past them, holding the K/V of positions 0..len-1 for its `tokens`. This class is the
+bookkeeping (no tensors, no I/O): which slot holds which tokens, the index that finds the
+longest cached prefix of a prompt, LRU eviction, pins. It returns the slot moves the scheduler
+adds to its step plan (`(src, dst, length)`, applied in order, `SlotKVCache.apply_moves`).
+
+- An entry is made when a running sequence leaves (finished or aborted): `retire`. Its tokens are
+  what its slot holds, prompt + response minus the last sampled token (never fed, so it has no K/V
+  yet), at most `max_len` (padding rows of CUDA-graph decode write at the cache's last position).
+- A prompt is looked up at admission (`lookup`): the entry sharing its longest common prefix.
+  Prompts are indexed by chained hashes of 16-token blocks, so a lookup costs a dict probe per
+  block, and a hit needs one whole block in common. The last prompt token is always prefilled
+  (its logits are sampled), so a hit reuses at most len(prompt) - 1 positions.
+- `place` readies the slot a new sequence takes: an entry sitting there moves to a free slot (or
+  is evicted), and the hit entry's slot moves into it (or it is taken over where it lies). The
+  entry is consumed: its K/V now belong to the running sequence, which extends them.
+- Eviction, least recently used first: when a running sequence needs the slot or the token budget
+  (entries count against `rollout.kv_budget_tokens`, and are evicted before any running sequence
+  is preempted). A weight load drops every unpinned entry (`drop_unpinned`): their K/V were
+  computed by the old weights (vLLM resets its prefix cache on a weight update too).
+
+Pins (`rollout.multi_turn.keep_slot=keep`): `pin(tokens, seconds)` keeps the entry holding a
+prefix of `tokens` from eviction for `seconds` (the episode's tool wait), until its next turn
+consumes it or `unpin`. A pinned entry is matched only by a prompt that contains all of it (its
+own episode's next turn), and survives a weight load, as a running sequence's K/V does. Why a
+method rather than a request field: `GenerationRequest` is the `asyncrl.roles.Engine` protocol,
+which vLLM engines implement too; a pin is a TorchEngine extra that an episode calls when the
+engine has it (`getattr(engine, "pin", None)`), and vLLM users lose nothing.
+
+Not here: partial-slot (block) sharing between running sequences, copy-on-hit (a hit consumes its
+entry: in multi-turn rollouts a conversation is continued once), the generic per-row HF cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+BLOCK = 16
+"""Tokens per indexed block: the least a hit reuses."""
+
+Move = tuple[int, int, int]  # (src_slot, dst_slot, length)
+
+
+@dataclass(eq=False)
+class CachedPrefix:
+    """One cached slot: the K/V of `tokens` at positions 0..len(tokens)-1 of `slot`."""
+
+    tokens: tuple[int, ...]
+    slot: int
+    last_used: int
+    hashes: tuple[int, ...]  # chained hash of each whole block of `tokens`
+    pinned_until: float = 0.0  # the clock's time until which it is not evicted (0: evictable)
+
+
+def block_hashes(ids: Sequence[int], limit: int | None = None) -> list[int]:
+    """Chained hash of each whole `BLOCK` of ids (at most `limit` blocks): hash i covers ids[: BLOCK * (i + 1)]."""
+    hashes, h = [], 0
+    blocks = len(ids) // BLOCK if limit is None else min(limit, len(ids) // BLOCK)
+    for b in range(blocks):
+        h = hash((h, tuple(ids[b * BLOCK : (b + 1) * BLOCK])))
+        hashes.append(h)
+    return hashes
+
+
+class PrefixCache:
+    """Cached prefixes in slots [running, max_slots), found by token prefix, evicted LRU."""
+
+    def __init__(self, max_slots: int, max_len: int, clock: Callable[[], float] = time.monotonic) -> None:
+        """`max_slots`: the KV cache's slots; `max_len`: the most positions an entry keeps."""
+        self.max_slots = max_slots
+        self.max_len = max_len
+        self._clock = clock
+        self._by_slot: dict[int, CachedPrefix] = {}
+        self._index: dict[int, set[CachedPrefix]] = {}  # block hash -> entries holding that block chain
+        self._tick = 0
+        self.tokens = 0
+        """Tokens held by all entries (counted against the KV token budget)."""
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._by_slot)
+
+    @property
+    def top_slot(self) -> int:
+        """One past the highest slot an entry holds (0: none)."""
+        return max(self._by_slot, default=-1) + 1
+
+    @property
+    def longest(self) -> int:
+        return max((len(e.tokens) for e in self._by_slot.values()), default=0)
+
+    # ---- entries in and out ----
+
+    def retire(self, tokens: Sequence[int], hole: int, last: int) -> list[Move]:
+        """A running sequence in slot `hole` leaves (slots 0..`last` run, `last` moves into the
+        hole next): keep its K/V of `tokens` as an entry. Returns the moves that put it in a
+        slot past `last` (none when `hole` is `last`); no entry when no slot is free or evictable."""
+        tokens = tuple(tokens[: self.max_len])
+        if len(tokens) < BLOCK:
+            return []
+        slot = hole if hole == last else self._free_slot(last + 1)
+        if slot is None:
+            victim = self._lru()
+            if victim is None:
+                return []
+            slot = victim.slot
+            self._evict(victim)
+        self._add(tokens, slot)
+        return [] if slot == hole else [(hole, slot, len(tokens))]
+
+    def lookup(self, ids: Sequence[int]) -> tuple[CachedPrefix | None, int]:
+        """The entry sharing the longest prefix with `ids`, and how many of its positions a
+        prefill of `ids` reuses (at most len(ids) - 1); (None, 0) without a whole block in common.
+        A pinned entry is matched only when `ids` contains all of its tokens."""
+        levels: list[set[CachedPrefix]] = []  # entries sharing 1, 2, ... whole blocks with ids
+        for h in block_hashes(ids[: len(ids) - 1]):
+            found = self._index.get(h)
+            if not found:
+                break
+            levels.append(found)
+        now = self._clock()
+        for blocks in range(len(levels), 0, -1):  # the deepest level's entries share the most
+            best, best_len = None, 0
+            for entry in levels[blocks - 1]:
+                n = self._common(entry.tokens, ids, blocks * BLOCK)
+                if entry.pinned_until > now and n < len(entry.tokens):
+                    continue  # another episode's: only its own next turn takes it
+                if n > best_len:
+                    best, best_len = entry, n
+            if best is not None:
+                return best, min(best_len, len(ids) - 1)
+        return None, 0
+
+    def place(self, slot: int, hit: CachedPrefix | None) -> list[Move] | None:
+        """Ready `slot` for a new running sequence that reuses `hit` (consumed here): the entry
+        sitting in `slot` moves to a free slot, or is evicted; then `hit` moves in. None (nothing
+        changed) when the entry there is pinned and no slot is free or evictable."""
+        moves: list[Move] = []
+        occupant = self._by_slot.get(slot)
+        if occupant is not None and occupant is not hit:
+            target = self._free_slot(slot + 1)
+            if target is None and occupant.pinned_until <= self._clock():
+                self._evict(occupant)
+            else:
+                if target is None:
+                    victim = self._lru(spare=hit)
+                    if victim is None:
+                        return None
+                    target = victim.slot
+                    self._evict(victim)
+                moves.append((slot, target, len(occupant.tokens)))
+                self._move(occupant, target)
+        if hit is not None:
+            if hit.slot != slot:
+                moves.append((hit.slot, slot, len(hit.tokens)))
+            self._remove(hit)
+        return moves
+
+    def evict(self, tokens: int, spare: CachedPrefix | None = None) -> int:
+        """Evict LRU unpinned entries (never `spare`) until `tokens` are freed; returns the tokens freed."""
+        freed = 0
+        while freed < tokens:
+            victim = self._lru(spare=spare)
+            if victim is None:
+                break
+            freed += len(victim.tokens)
+            self._evict(victim)
+        return freed
+
+    def drop_unpinned(self) -> None:
+        """Drop every entry not pinned now (a weight load made their K/V stale)."""
+        now = self._clock()
+        for entry in [e for e in self._by_slot.values() if e.pinned_until <= now]:
+            self._remove(entry)
+
+    def clear(self) -> None:
+        self._by_slot, self._index, self.tokens = {}, {}, 0
+
+    # ---- pins ----
+
+    def pin(self, ids: Sequence[int], seconds: float) -> bool:
+        """Keep the entry whose tokens are all a prefix of `ids` from eviction for `seconds`;
+        False when there is none (not cached, or evicted already)."""
+        entry = self._holding(ids)
+        if entry is not None:
+            entry.pinned_until = self._clock() + seconds
+        return entry is not None
+
+    def unpin(self, ids: Sequence[int]) -> bool:
+        entry = self._holding(ids)
+        if entry is not None:
+            entry.pinned_until = 0.0
+        return entry is not None
+
+    def _holding(self, ids: Sequence[int]) -> CachedPrefix | None:
+        best: CachedPrefix | None = None
+        hashes = set(block_hashes(ids))
+        for entry in self._by_slot.values():
+            whole = len(entry.tokens) <= len(ids) and (not entry.hashes or entry.hashes[-1] in hashes)
+            if whole and entry.tokens == tuple(ids[: len(entry.tokens)]):
+                if best is None or len(entry.tokens) > len(best.tokens):
+                    best = entry
+        return best
+
+    # ---- internals ----
+
+    @staticmethod
+    def _common(tokens: tuple[int, ...], ids: Sequence[int], known: int) -> int:
+        """Length of the common prefix of `tokens` and `ids`, the first `known` agreeing by hash
+        (checked: a hash collision must not reuse wrong K/V)."""
+        if tokens[:known] != tuple(ids[:known]):
+            return 0
+        n, end = known, min(len(tokens), len(ids))
+        while n < end and tokens[n] == ids[n]:
+            n += 1
+        return n
+
+    def _free_slot(self, start: int) -> int | None:
+        return next((s for s in range(start, self.max_slots) if s not in self._by_slot), None)
+
+    def _lru(self, spare: CachedPrefix | None = None) -> CachedPrefix | None:
+        now = self._clock()
+        evictable = [e for e in self._by_slot.values() if e.pinned_until <= now and e is not spare]
+        return min(evictable, key=lambda e: e.last_used, default=None)
+
+    def _add(self, tokens: tuple[int, ...], slot: int) -> None:
+        self._tick += 1
+        entry = CachedPrefix(tokens, slot, self._tick, tuple(block_hashes(tokens)))
+        self._by_slot[slot] = entry
+        for h in entry.hashes:
+            self._index.setdefault(h, set()).add(entry)
+        self.tokens += len(tokens)
+
+    def _move(self, entry: CachedPrefix, slot: int) -> None:
+        del self._by_slot[entry.slot]
+        entry.slot = slot
+        self._by_slot[slot] = entry
+
+    def _evict(self, entry: CachedPrefix) -> None:
+        self.evictions += 1
+        self._remove(entry)
+
+    def _remove(self, entry: CachedPrefix) -> None:
+        del self._by_slot[entry.slot]
+        for h in entry.hashes:
+            holders = self._index[h]
+            holders.discard(entry)
+            if not holders:
+                del self._index[h]
+        self.tokens -= len(entry.tokens)
