@@ -19,7 +19,8 @@ from asyncrl.agents.episode import Episode
 from asyncrl.agents.messages import MessageTemplate
 from asyncrl.agents.tool_episode import ToolEpisode
 from asyncrl.config.long_tail import SandboxConfig
-from asyncrl.config.schema import MultiTurnConfig
+from asyncrl.config.schema import DataConfig, MultiTurnConfig
+from asyncrl.data.tokenization import template_kwargs
 from asyncrl.errors import ConfigError
 
 KEY = "rollout.multi_turn.episode"
@@ -66,3 +67,12 @@ def _import_file(path: str) -> Any:
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def message_template_kwargs(data: DataConfig) -> dict[str, Any]:
+    """What the prompts were templated with (`data.chat_template`, `data.chat_template_kwargs`),
+    so tool messages are rendered by the same template."""
+    kwargs: dict[str, Any] = template_kwargs(data.chat_template_kwargs)
+    if data.chat_template:
+        kwargs["chat_template"] = data.chat_template
+    return kwargs

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from asyncrl.agents.build import episode_from_config, message_template_kwargs
 from asyncrl.config.schema import Config
 from asyncrl.data import load_rows, make_task
 from asyncrl.data.held_out import prompt_rows, val_rows
@@ -71,7 +72,9 @@ def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | N
     requests = RequestBuilder(cfg.rollout, max_tokens=cfg.data.max_response_length, seed=cfg.seed)
     reward = RewardWorker(tok, cfg.reward, window=cfg.data.train_batch_size * cfg.rollout.n, sandbox=cfg.sandbox,
                           scheduler=cfg.reward_scheduler, max_response_length=cfg.data.max_response_length)
-    return RolloutServer(engine, requests, reward, score_each=cfg.reward_scheduler.enable)
+    episode = episode_from_config(cfg.rollout.multi_turn, tok, sandbox=cfg.sandbox,
+                                  template_kwargs=message_template_kwargs(cfg.data))
+    return RolloutServer(engine, requests, reward, score_each=cfg.reward_scheduler.enable, episode=episode)
 
 
 def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:

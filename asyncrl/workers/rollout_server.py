@@ -7,14 +7,25 @@ from prompt + partial response under the new weights, so one trajectory can span
 `pause("keep")` only stops stepping at a step boundary. `abort(ids)` stops requests for good
 (tail batching's extra responses): they come back in their group as finish_reason "aborted",
 unscored. The host does not decide when to sync or what to generate; the pipeline does.
+
+With `rollout.multi_turn.enable` each response is an episode (`asyncrl.agents`): the host runs
+`episode(row, client, partial)` instead of one `engine.generate`, and the client's model turns
+go through the same pause/park/continue path (a turn interrupted by a sync continues under the
+new weights). `abort(ids)` of an episode aborts its model turn in flight, or, during a tool
+call, lets the call finish and stops the episode before its next turn; the partial episode
+comes back in its group as "aborted" and a later `generate_scored(partials=...)` continues it.
+Episodes are scored on their whole response (every turn and tool message, as verl's reward
+managers decode it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Sequence
 
+from asyncrl.agents.episode import EngineClient, Episode
 from asyncrl.models.tensors import as_pairs
 from asyncrl.roles import Engine, PauseMode
 from asyncrl.sync import recv_weights
@@ -26,7 +37,7 @@ from asyncrl.workers.rollout import RequestBuilder
 
 class RolloutServer:
     def __init__(self, engine: Engine, requests: RequestBuilder, reward: RewardWorker,
-                 score_each: bool = False) -> None:
+                 score_each: bool = False, episode: Episode | None = None) -> None:
         self.engine = engine
         self.requests = requests
         self.reward = reward
@@ -41,6 +52,14 @@ class RolloutServer:
         self.partial_continuations = 0
         self.score_each = score_each
         """Reward scheduler: score each response as soon as it finishes (else each group at its end)."""
+        self.episode = episode
+        """Multi-turn: each response is this episode (None: one generate, the single-turn path)."""
+        self._episodes: set[str] = set()
+        """Episode ids running now."""
+        self._turn_of: dict[str, str] = {}
+        """Episode id -> the request id of its model turn inside `engine.generate`."""
+        self._stopped: set[str] = set()
+        """Episodes aborted for good: they stop before their next model turn."""
 
     async def generate_scored(self, row: PromptRow, n: int, uid: str, mode: Mode = "train",
                               score: bool = True, partials: Sequence[Trajectory] = (),
@@ -70,7 +89,8 @@ class RolloutServer:
 
     async def _generate(self, request: GenerationRequest, earlier: Trajectory | None, row: PromptRow,
                         score: bool, scoring: dict[str, asyncio.Task[None]]) -> Trajectory:
-        traj = await self._resume_or_sample(request, earlier)
+        traj = await (self._resume_or_sample(request, earlier) if self.episode is None
+                      else self._run_episode(request, earlier, row))
         if score and self.score_each and traj.finish_reason != "aborted":  # while the others generate
             scoring[traj.request_id] = asyncio.create_task(self._score_one(row, traj))
         return traj
@@ -114,6 +134,8 @@ class RolloutServer:
     async def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
         """Stop these requests for good; their partial trajectories (ids not here are skipped)."""
         ids = list(request_ids)
+        self._stopped.update(i for i in ids if i in self._episodes)
+        ids = [self._turn_of.get(i, i) for i in ids]  # an episode's model turn in flight
         self._interrupted.difference_update(ids)
         parked = [self._parked.pop(i) for i in ids if i in self._parked]
         return parked + await self.engine.abort(ids)
@@ -125,6 +147,42 @@ class RolloutServer:
             return earlier
         self.partial_continuations += 1
         return await self._timed_sample(continuation(request, earlier))
+
+    async def _run_episode(self, request: GenerationRequest, earlier: Trajectory | None, row: PromptRow) -> Trajectory:
+        """One episode (a partial one continued on its current turn); `request` is its base:
+        id, prompt and the mode's sampling parameters."""
+        assert self.episode is not None
+        if earlier is not None and earlier.finish_reason != "aborted":
+            return earlier
+        if earlier is not None:
+            self.partial_continuations += 1
+        eid = request.request_id
+        client = EngineClient(request, functools.partial(self._turn, eid), self.reward.tokenizer,
+                              max_response_tokens=self._episode_budget(request),
+                              stopped=lambda: eid in self._stopped)
+        self._episodes.add(eid)
+        start = clock.now()
+        try:
+            traj = await self.episode(row, client, earlier)
+        finally:
+            self._episodes.discard(eid)
+            self._stopped.discard(eid)
+        traj.timings |= {"gen_start": start, "gen_end": clock.now()}
+        return traj
+
+    def _episode_budget(self, request: GenerationRequest) -> int:
+        """Response tokens of an episode: data.max_response_length, and rollout.multi_turn.
+        max_episode_tokens (prompt included) when set."""
+        cap = self.requests.cfg.multi_turn.max_episode_tokens
+        budget = self.requests.max_tokens
+        return max(min(budget, cap - len(request.prompt_ids)) if cap else budget, 1)
+
+    async def _turn(self, eid: str, request: GenerationRequest) -> Trajectory:
+        self._turn_of[eid] = request.request_id
+        try:
+            return await self._sample(request)
+        finally:
+            self._turn_of.pop(eid, None)
 
     async def _timed_sample(self, request: GenerationRequest) -> Trajectory:
         start = clock.now()

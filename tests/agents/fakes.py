@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.models.tokenizer import build_char_tokenizer
-from asyncrl.types import FinishReason, GenerationRequest, Trajectory
+from asyncrl.types import EngineStats, FinishReason, GenerationRequest, Trajectory
 
 TOK = build_char_tokenizer()
 EOS = TOK.eos_token  # "<|end|>"
@@ -95,3 +95,68 @@ class ScriptedModel:
             versions.append(self.version)
         reason: FinishReason = "stop" if ids and ids[-1] == self.tok.eos_token_id else "length"
         return Trajectory(request.request_id, request.prompt_ids, ids, logprobs, versions, reason)
+
+
+STEP_S = 0.002
+
+
+class StepEngine:
+    """An `Engine` over a `ScriptedModel`'s script: one token every STEP_S; `abort` and
+    `pause("abort")` resolve a request with its tokens so far; tokens after `load_weights(.., v)`
+    carry version v."""
+
+    def __init__(self, model: ScriptedModel) -> None:
+        self.model = model
+        self.version = 0
+        self._cut: dict[str, asyncio.Event] = {}
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self.generated = 0
+
+    async def generate(self, request: GenerationRequest) -> Trajectory:
+        tok, model = self.model.tok, self.model
+        model.requests.append(request)
+        k = tok.decode(list(request.prompt_ids)).count(model.marker)
+        full = tok.encode(model.script(k) + tok.eos_token, add_special_tokens=False)
+        ids, logprobs, versions = list(request.prefix_ids), list(request.prefix_logprobs), list(request.prefix_versions)
+        cut = self._cut[request.request_id] = asyncio.Event()
+        try:
+            while len(ids) < min(len(full), request.params.max_tokens):
+                await asyncio.sleep(STEP_S)
+                if not cut.is_set():
+                    await self._resumed.wait()  # paused ("keep"): frozen at a step boundary
+                if cut.is_set():
+                    return Trajectory(request.request_id, request.prompt_ids, ids, logprobs, versions, "aborted")
+                logprobs.append(-(len(ids) + 1) / 100)
+                ids.append(full[len(ids)])
+                versions.append(self.version)
+                self.generated += 1
+        finally:
+            self._cut.pop(request.request_id, None)
+        reason: FinishReason = "stop" if ids[-1] == tok.eos_token_id else "length"
+        return Trajectory(request.request_id, request.prompt_ids, ids, logprobs, versions, reason)
+
+    async def abort(self, request_ids) -> list[Trajectory]:
+        for rid in request_ids:
+            if rid in self._cut:
+                self._cut[rid].set()
+        return []
+
+    async def abort_all(self) -> list[Trajectory]:
+        return await self.abort(list(self._cut))
+
+    async def pause(self, mode: str = "keep") -> list[Trajectory]:
+        self._resumed.clear()
+        return await self.abort_all() if mode == "abort" else []
+
+    async def resume(self) -> None:
+        self._resumed.set()
+
+    async def load_weights(self, named_tensors, version: int) -> None:
+        self.version = version
+
+    def weights_checksum(self) -> str:
+        return ""
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self._cut), 0, 0, 0, 1, self.generated, 0.0, self.version)
