@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
+from asyncrl.agents.metrics import episode_metrics
 from asyncrl.telemetry import clock
 from asyncrl.types import Group
 
@@ -44,7 +45,7 @@ def group_metrics(groups: Sequence[Group], max_response_length: int) -> dict[str
     out |= _stats("prompt_length", prompt_lengths)
     out["response_length/clip_ratio"] = float((lengths >= max_response_length).float().mean())
     out["response_length/aborted_ratio"] = sum(t.finish_reason == "aborted" for t in trajs) / len(trajs)
-    return out
+    return out | episode_metrics(trajs)
 
 
 def masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
