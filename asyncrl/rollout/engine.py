@@ -378,7 +378,12 @@ class TorchEngine:
             await loop.run_in_executor(self._compute(), self._runner.release_cache)
             if self._wakeup.is_set():
                 return
-        await self._wakeup.wait()
+        # requests blocked by pinned prefix-cache slots are admitted once a pin expires
+        blocked_for = self._prefix.pinned_for() if self._prefix is not None and self._scheduler.waiting else None
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), blocked_for)
+        except asyncio.TimeoutError:
+            pass
 
     async def _step(self, loop: asyncio.AbstractEventLoop, plan: StepPlan | None) -> None:
         """Queue `plan`'s step (None: queue nothing) and apply the step queued before it."""

@@ -86,7 +86,8 @@ class SlotCacheObjects:
 
     def apply_moves(self, moves: Sequence[tuple[int, int, int]]) -> None:
         """Compaction, in order; a no-op on slots the cache no longer holds (released while idle)."""
-        for src, dst, _ in moves:
+        for src, dst, length in moves:
+            assert length >= 0, "no swaps: the per-row cache keeps no prefix cache"
             if src != dst and src < len(self.entries):
                 self.entries[dst], self.lengths[dst] = self.entries[src], self.lengths[src]
                 self.entries[src], self.lengths[src] = None, 0

@@ -31,6 +31,29 @@ import torch
 
 from asyncrl.rollout.transfer import to_device
 
+Move = tuple[int, int, int]
+"""(src, dst, length): slot dst takes slot src's first `length` positions. A negative length swaps
+the two slots' first -length positions (a finished sequence's K/V kept as a prefix-cache entry
+where the last running slot was, while that slot's sequence takes its place)."""
+
+
+def compose_moves(moves: Sequence[Move]) -> dict[int, tuple[int, int]]:
+    """The moves, in order, as one parallel copy: {dst: (the slot whose contents at the start it
+    ends with, positions)}, slots that end with their own contents left out.
+
+    Example: (3, 1, 5), (1, 4, 5) -> {1: (3, 5), 4: (3, 5)}; (3, 1, -5) -> {1: (3, 5), 3: (1, 5)}.
+    """
+    content: dict[int, tuple[int, int]] = {}
+    for src, dst, length in moves:
+        if src == dst or length == 0:
+            continue
+        n = abs(length)
+        moved = content.get(src, (src, n))[0]
+        if length < 0:
+            content[src] = content.get(dst, (dst, n))[0], n
+        content[dst] = moved, n
+    return {dst: (src, n) for dst, (src, n) in content.items() if src != dst}
+
 
 def _round_up_pow2(n: int, minimum: int) -> int:
     size = minimum
@@ -134,18 +157,16 @@ class SlotKVCache:
         self.kv = kv
         self.keys, self.values = list(kv[0].unbind(0)), list(kv[1].unbind(0))
 
-    def apply_moves(self, moves: Sequence[tuple[int, int, int]]) -> None:
-        """The (src, dst, length) moves, in order, as one gather and one scatter (`copy_slots`).
+    def apply_moves(self, moves: Sequence[Move]) -> None:
+        """The (src, dst, length) moves (`Move`: a negative length swaps), in order, as one
+        gather and one scatter (`copy_slots`).
 
         A step after many sequences finished compacts hundreds of slots. Composed first (a slot
-        moved twice ends with its first source's contents), then every destination is read from
-        the state before any move.
+        moved twice ends with its first source's contents, `compose_moves`), then every
+        destination is read from the state before any move.
         """
-        content: dict[int, tuple[int, int]] = {}  # dst -> (original src, length)
-        for src, dst, length in moves:
-            if src != dst and length > 0:
-                content[dst] = content.get(src, (src, length))[0], length
-        pairs = [(dst, src) for dst, (src, _) in content.items() if src != dst]
+        content = compose_moves(moves)  # dst -> (original src, length)
+        pairs = [(dst, src) for dst, (src, _) in content.items()]
         if pairs and self.slots:  # released while idle: nothing to move
             self.copy_slots([d for d, _ in pairs], [s for _, s in pairs], max(n for _, n in content.values()))
 

@@ -12,13 +12,14 @@ adds to its step plan (`(src, dst, length)`, applied in order, `SlotKVCache.appl
 - An entry is made when a running sequence leaves (finished or aborted): `retire`. Its tokens are
   what its slot holds, prompt + response minus the last sampled token (never fed, so it has no K/V
   yet), at most `max_len` (padding rows of CUDA-graph decode write at the cache's last position).
+  It swaps slots with the last running sequence (which fills the hole), so it needs no free slot.
 - A prompt is looked up at admission (`lookup`): the entry sharing its longest common prefix.
   Prompts are indexed by chained hashes of 16-token blocks, so a lookup costs a dict probe per
   block, and a hit needs one whole block in common. The last prompt token is always prefilled
   (its logits are sampled), so a hit reuses at most len(prompt) - 1 positions.
-- `place` readies the slot a new sequence takes: an entry sitting there moves to a free slot (or
-  is evicted), and the hit entry's slot moves into it (or it is taken over where it lies). The
-  entry is consumed: its K/V now belong to the running sequence, which extends them.
+- `place` readies the slot a new sequence takes: the hit entry swaps into it (or is taken over
+  where it lies); without a hit, an entry sitting there moves to a free slot (or is evicted). The
+  hit is consumed: its K/V now belong to the running sequence, which extends them.
 - Eviction, least recently used first: when a running sequence needs the slot or the token budget
   (entries count against `rollout.kv_budget_tokens`, and are evicted before any running sequence
   is preempted). A weight load drops every unpinned entry (`drop_unpinned`): their K/V were
@@ -42,10 +43,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from asyncrl.rollout.kv_cache import Move
+
 BLOCK = 16
 """Tokens per indexed block: the least a hit reuses."""
 
-Move = tuple[int, int, int]  # (src_slot, dst_slot, length)
 
 
 @dataclass(eq=False)
@@ -98,22 +100,16 @@ class PrefixCache:
 
     # ---- entries in and out ----
 
-    def retire(self, tokens: Sequence[int], hole: int, last: int) -> list[Move]:
-        """A running sequence in slot `hole` leaves (slots 0..`last` run, `last` moves into the
-        hole next): keep its K/V of `tokens` as an entry. Returns the moves that put it in a
-        slot past `last` (none when `hole` is `last`); no entry when no slot is free or evictable."""
+    def retire(self, tokens: Sequence[int], slot: int) -> int:
+        """A running sequence leaves, its K/V of `tokens` ending up in `slot` (free of entries:
+        the last running slot, which the scheduler swaps it into). Returns the positions kept
+        (0: too short to be worth an entry)."""
         tokens = tuple(tokens[: self.max_len])
         if len(tokens) < BLOCK:
-            return []
-        slot = hole if hole == last else self._free_slot(last + 1)
-        if slot is None:
-            victim = self._lru()
-            if victim is None:
-                return []
-            slot = victim.slot
-            self._evict(victim)
+            return 0
+        assert slot not in self._by_slot, slot
         self._add(tokens, slot)
-        return [] if slot == hole else [(hole, slot, len(tokens))]
+        return len(tokens)
 
     def lookup(self, ids: Sequence[int]) -> tuple[CachedPrefix | None, int]:
         """The entry sharing the longest prefix with `ids`, and how many of its positions a
@@ -139,29 +135,33 @@ class PrefixCache:
         return None, 0
 
     def place(self, slot: int, hit: CachedPrefix | None) -> list[Move] | None:
-        """Ready `slot` for a new running sequence that reuses `hit` (consumed here): the entry
-        sitting in `slot` moves to a free slot, or is evicted; then `hit` moves in. None (nothing
-        changed) when the entry there is pinned and no slot is free or evictable."""
-        moves: list[Move] = []
+        """Ready `slot` for a new running sequence that reuses `hit` (consumed here): the hit
+        moves in, swapping with the entry sitting there; without a hit that entry moves to a free
+        slot, or is evicted. None (nothing changed) when it is pinned and no slot is free or evictable."""
         occupant = self._by_slot.get(slot)
-        if occupant is not None and occupant is not hit:
-            target = self._free_slot(slot + 1)
-            if target is None and occupant.pinned_until <= self._clock():
-                self._evict(occupant)
-            else:
-                if target is None:
-                    victim = self._lru(spare=hit)
-                    if victim is None:
-                        return None
-                    target = victim.slot
-                    self._evict(victim)
-                moves.append((slot, target, len(occupant.tokens)))
-                self._move(occupant, target)
         if hit is not None:
-            if hit.slot != slot:
-                moves.append((hit.slot, slot, len(hit.tokens)))
+            source = hit.slot
             self._remove(hit)
-        return moves
+            if source == slot:
+                return []
+            if occupant is None:
+                return [(source, slot, len(hit.tokens))]
+            self._move(occupant, source)
+            return [(source, slot, -max(len(hit.tokens), len(occupant.tokens)))]
+        if occupant is None:
+            return []
+        target = self._free_slot(slot + 1)
+        if target is None and occupant.pinned_until <= self._clock():
+            self._evict(occupant)
+            return []
+        if target is None:
+            victim = self._lru()
+            if victim is None:
+                return None
+            target = victim.slot
+            self._evict(victim)
+        self._move(occupant, target)
+        return [(slot, target, len(occupant.tokens))]
 
     def evict(self, tokens: int, spare: CachedPrefix | None = None) -> int:
         """Evict LRU unpinned entries (never `spare`) until `tokens` are freed; returns the tokens freed."""
@@ -198,6 +198,13 @@ class PrefixCache:
         if entry is not None:
             entry.pinned_until = 0.0
         return entry is not None
+
+    def pinned_for(self) -> float | None:
+        """Seconds until the first pin in force expires (None: no pin): an engine whose waiting
+        requests are blocked by pinned slots looks again then."""
+        now = self._clock()
+        pins = [e.pinned_until - now for e in self._by_slot.values() if e.pinned_until > now]
+        return min(pins, default=None)
 
     def _holding(self, ids: Sequence[int]) -> CachedPrefix | None:
         best: CachedPrefix | None = None

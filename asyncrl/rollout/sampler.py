@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncrl.rollout.kv_cache import compose_moves
 from asyncrl.rollout.transfer import copy_from_host, to_device
 from asyncrl.types import SamplingParams
 
@@ -160,11 +161,7 @@ class DeviceSampler:
 
     def apply_moves(self, moves: Sequence[tuple[int, int, int]]) -> None:
         """Slot moves (src, dst, length), in order, as the KV cache applies them: one gather."""
-        content: dict[int, int] = {}  # dst -> original src
-        for src, dst, _ in moves:
-            if src != dst:
-                content[dst] = content.get(src, src)
-        pairs = [(dst, src) for dst, src in content.items() if dst != src]
+        pairs = [(dst, src) for dst, (src, _) in compose_moves(moves).items()]
         if pairs:
             index = to_device(torch.tensor(pairs, dtype=torch.int64).T.contiguous(), self.device)
             self.tokens[index[0]] = self.tokens[index[1]]

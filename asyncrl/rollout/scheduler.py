@@ -36,6 +36,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
+from asyncrl.rollout.kv_cache import Move
 from asyncrl.rollout.prefix_cache import CachedPrefix, PrefixCache
 from asyncrl.rollout.sequence import Sequence
 from asyncrl.types import SamplingParams
@@ -45,7 +46,7 @@ from asyncrl.types import SamplingParams
 class StepPlan:
     """What one model step computes. Rows: decode rows (slot i = row i), then prefill rows."""
 
-    moves: tuple[tuple[int, int, int], ...]  # (src_slot, dst_slot, length), applied in order
+    moves: tuple[Move, ...]  # (src_slot, dst_slot, length), applied in order; a negative length swaps
     decode_positions: tuple[int, ...]  # where each decode row's last sampled token goes in its cache slot
     prefill_contexts: tuple[tuple[int, ...], ...]  # prompt + generated, from position 0
     params: tuple[SamplingParams, ...]
@@ -90,7 +91,7 @@ class Scheduler:
         """Context positions admissions took from the prefix cache instead of prefilling."""
         self.prefill_tokens = 0
         """Context positions admissions prefilled (a GRPO group's shared prompt counted per row)."""
-        self._moves: list[tuple[int, int, int]] = []
+        self._moves: list[Move] = []
         self._admitted = 0
         self.step_counts: Counter[str] = Counter()
         """Steps planned, by what they carry: "steps", "decode" (any decode row), "prefill" (any
@@ -187,17 +188,16 @@ class Scheduler:
             return (), 0, 0
         moved = [max(src, dst) + 1 for src, dst, _ in self._moves]
         return (tuple(s.reused for s in admitted), max([self.prefix.top_slot, len(self.running), *moved]),
-                max([self.prefix.longest, *(n for _, _, n in self._moves)]))
+                max([self.prefix.longest, *(abs(n) for _, _, n in self._moves)]))
 
     def _remove_running(self, seq: Sequence, keep: bool = False) -> None:
         """Take `seq` out of its slot, the last running one moving in; `keep`: its K/V become a
         prefix-cache entry (when there is a cache)."""
         hole, last = seq.slot, len(self.running) - 1
-        if keep and self.prefix is not None:
-            self._moves += self.prefix.retire(seq.cached_ids, hole, last)
+        kept = self.prefix.retire(seq.cached_ids, last) if keep and self.prefix is not None else 0
         if hole != last:
-            mover = self.running[last]
-            self._moves.append((last, hole, mover.cached_len))
+            mover = self.running[last]  # a kept entry swaps with it (a negative length), into the last slot
+            self._moves.append((hole, last, -max(kept, mover.cached_len)) if kept else (last, hole, mover.cached_len))
             mover.slot = hole
             self.running[hole] = mover
         self.running.pop()

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from asyncrl.rollout.kv_cache import SlotKVCache
+from asyncrl.rollout.kv_cache import SlotKVCache, compose_moves
 
 # Ops that only make views or the small index tensor: they move no cache data.
 _NO_DATA = ("slice", "select", "unbind", "view", "alias", "detach", "lift_fresh", "_to_copy", "empty", "lift")
@@ -105,3 +105,22 @@ def test_copy_slots_reads_every_source_before_writing() -> None:
     torch.testing.assert_close(cache.kv[:, :, 0, :, :5], before[:, :, 1, :, :5], rtol=0, atol=0)
     torch.testing.assert_close(cache.kv[:, :, 1, :, :5], before[:, :, 0, :, :5], rtol=0, atol=0)
     torch.testing.assert_close(cache.kv[:, :, :2, :, 5:], before[:, :, :2, :, 5:], rtol=0, atol=0)  # past length: kept
+
+
+def test_compose_moves_in_order_with_swaps() -> None:
+    assert compose_moves([(3, 1, 5), (1, 4, 5)]) == {1: (3, 5), 4: (3, 5)}  # 4 gets what 1 got: 3's
+    assert compose_moves([(3, 1, -5)]) == {1: (3, 5), 3: (1, 5)}
+    # compaction moves 4 into 1, then a swap of 1 and 2: 2 ends with 4's contents, 1 with 2's
+    assert compose_moves([(4, 1, 2), (1, 2, -3)]) == {1: (2, 3), 2: (4, 3)}
+    assert compose_moves([(2, 2, 4), (0, 1, 0)]) == {}
+
+
+def test_a_swap_exchanges_two_slots_in_either_layout() -> None:
+    for stacked in (True, False):
+        cache = filled_cache(stacked=stacked)
+        before = [b.clone() for b in (*cache.keys, *cache.values)]
+        cache.apply_moves([(1, 5, -4)])
+        for old, new in zip(before, (*cache.keys, *cache.values)):
+            assert torch.equal(new[5, :, :4], old[1, :, :4]) and torch.equal(new[1, :, :4], old[5, :, :4])
+            assert torch.equal(new[0], old[0])
+

@@ -154,6 +154,21 @@ def test_an_expired_pin_is_evicted_like_any_entry() -> None:
     assert asyncio.run(main()) == (0, 36)
 
 
+def test_a_request_blocked_by_pinned_slots_runs_once_the_pins_expire() -> None:
+    model = tiny_model("llama")
+
+    async def main() -> Trajectory:
+        eng = engine(model, prefix_cache=True, max_num_seqs=2)
+        done = await eng.generate_many([request(f"p{i}", prompt(32, seed=i), 4) for i in range(2)])
+        for t in done:  # both slots pinned, briefly
+            assert eng.pin(list(t.prompt_ids) + list(t.response_ids), timeout_s=0.05)
+        out = await asyncio.wait_for(eng.generate(request("x", prompt(20, seed=9), 4)), timeout=30.0)
+        await eng.aclose()
+        return out
+
+    assert len(asyncio.run(main()).response_ids) == 4
+
+
 def test_the_rollout_config_turns_the_cache_on_for_multi_turn_runs_only() -> None:
     single = engine_settings(RolloutConfig(), device="cpu", seed=0)
     multi = engine_settings(RolloutConfig(multi_turn=MultiTurnConfig(enable=True)), device="cpu", seed=0)
