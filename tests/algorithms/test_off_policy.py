@@ -72,3 +72,16 @@ def test_decoupled_ppo_loss_uses_weights() -> None:
     loss, _ = compute_policy_loss("vanilla", prox, prox.clone(), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2),
                                   is_weights=w)
     close(loss, (-math.exp(0.3) + 1.0) / 2)
+
+
+def test_tool_tokens_get_no_weight_and_stay_out_of_the_sequence_ratio() -> None:
+    # Behaviour log-prob 0.0 at the tool token (loss mask 0): prox - behav over the model tokens
+    # is 0.1 + 0.2, so the sequence weight is exp(0.3) = 1.3498588 on them and 0 on the tool token.
+    prox = torch.tensor([[-0.9, -3.0, -0.8]])
+    behav = torch.tensor([[-1.0, 0.0, -1.0]])
+    mask = torch.tensor([[1.0, 0.0, 1.0]])
+    w, m = truncated_is_weights(prox, behav, mask, level="sequence")
+    close(w, [[1.3498588, 0.0, 1.3498588]], rtol=1e-6, atol=1e-7)
+    w, m = truncated_is_weights(prox, behav, mask, level="token")
+    close(w, [[1.1051709, 0.0, 1.2214028]], rtol=1e-6, atol=1e-7)
+    assert m["off_policy/is_weight_mean"] == pytest.approx((1.1051709 + 1.2214028) / 2, rel=1e-6, abs=1e-7)

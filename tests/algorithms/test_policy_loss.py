@@ -163,3 +163,25 @@ def test_masked_positions_change_nothing(name: str, fill: float | None) -> None:
     close(results[1][1], results[0][1])
     assert torch.all(results[1][1][mask == 0] == 0)
     assert results[1][2] == pytest.approx(results[0][2], rel=1e-9, abs=1e-12)
+
+
+def test_tool_tokens_between_turns_enter_no_ratio_and_no_gradient() -> None:
+    # Two model tokens around tool text (loss mask 0; its behaviour log-prob is 0.0): ratios
+    # exp(0.1) = 1.1051709 and exp(-0.2) = 0.8187308, neither clipped; A = 1 was broadcast over all.
+    old = torch.tensor([[-1.0, 0.0, 0.0, -1.0]], dtype=torch.float64)
+    new = torch.tensor([[-0.9, -6.0, -0.5, -1.2]], dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    adv = torch.ones(1, 4, dtype=torch.float64)
+    loss, m = compute_policy_loss("vanilla", old, new, adv, mask)
+    close(loss, torch.tensor(-(1.1051709 + 0.8187308) / 2, dtype=torch.float64), rtol=1e-6, atol=1e-7)
+    close(m["actor/ppo_kl"], torch.tensor((-0.1 + 0.2) / 2, dtype=torch.float64), rtol=1e-6, atol=1e-9)
+    assert float(m["actor/pg_clipfrac"]) == 0.0
+    (grad,) = torch.autograd.grad(loss, new)
+    close(grad, torch.tensor([[-1.1051709 / 2, 0.0, 0.0, -0.8187308 / 2]], dtype=torch.float64), rtol=1e-6, atol=1e-9)
+    # other (even NaN) log-probs, behaviour log-probs and advantages at the tool tokens: the same
+    tool = ~mask.bool()
+    nan_new = torch.where(tool, float("nan"), new.detach()).requires_grad_(True)
+    loss2, m2 = compute_policy_loss("vanilla", torch.where(tool, 50.0, old), nan_new,
+                                    torch.where(tool, -1e3, adv), mask)
+    assert torch.equal(loss2, loss) and all(torch.equal(m2[k], m[k]) for k in m)
+    assert torch.equal(torch.autograd.grad(loss2, nan_new)[0], grad)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -63,3 +65,60 @@ def gradient_terms(cfg: ActorConfig, tokens: int) -> int:
     per token and loss (policy, plus KL and entropy when on), for `tests.tolerances.sum_error`."""
     losses = 1 + bool(cfg.use_kl_loss) + bool(cfg.entropy_coeff)
     return tokens * losses
+
+
+def episode(request_id: str, prompt: list[int], turns: list[list[int]], tools: list[list[int]],
+            reward: float) -> Trajectory:
+    """A multi-turn trajectory: model turns with tool text between them (after each turn but the
+    last, or after every turn when `tools` has as many entries), as an episode builds it: the
+    model's tokens trained (log-prob -1.0, version 0), the tool's context (log-prob 0.0, version 1)."""
+    response, mask = [], []
+    for i, turn in enumerate(turns):
+        response += turn
+        mask += [1] * len(turn)
+        if i < len(tools):
+            response += tools[i]
+            mask += [0] * len(tools[i])
+    return Trajectory(request_id=request_id, prompt_ids=prompt, response_ids=response,
+                      logprobs=[-1.0 if m else 0.0 for m in mask], versions=[0 if m else 1 for m in mask],
+                      finish_reason="stop", reward=reward, loss_mask=mask)
+
+
+def episode_groups(seed: int = 0) -> list[Group]:
+    """Two prompts x 3 episodes of two model turns (1-3 tokens) around a tool message (2-4
+    tokens), and in the second group a single-turn response (empty loss mask) and an episode
+    that ends on tool text; rewards differ within each group."""
+    g = torch.Generator().manual_seed(seed)
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(3, VOCAB, (n,), generator=g).tolist()
+
+    groups = []
+    for p in range(2):
+        prompt = tokens(2 + 3 * p)
+        trajs = [episode(f"p{p}/{i}", prompt, [tokens(1 + (i + p) % 3), tokens(1 + i)], [tokens(2 + i)],
+                         float(i % 2)) for i in range(3)]
+        if p == 1:
+            trajs[1] = Trajectory(request_id="p1/1", prompt_ids=prompt, response_ids=tokens(4), logprobs=[-1.0] * 4,
+                                  versions=[0] * 4, finish_reason="stop", reward=0.0)
+            trajs[2] = episode("p1/2", prompt, [tokens(2), tokens(1)], [tokens(2), tokens(3)], 1.0)
+        row = PromptRow(uid=f"p{p}", data_source="arithmetic", messages=(), ground_truth="0",
+                        prompt_ids=tuple(prompt))
+        groups.append(Group(uid=f"p{p}", row=row, trajectories=trajs))
+    return groups
+
+
+def single_turn_as_episodes(groups: list[Group]) -> list[Group]:
+    """The same groups with every trajectory's loss mask spelled out as all ones."""
+    return [dataclasses.replace(g, trajectories=[dataclasses.replace(t, loss_mask=[1] * len(t.response_ids))
+                                                 for t in g.trajectories]) for g in groups]
+
+
+def two_episodes() -> list[Group]:
+    """One prompt, two episodes: 3 model tokens around 2 tool tokens (reward 1), 2 model tokens
+    around 4 tool tokens (reward 0): loss masks [1, 0, 0, 1, 1] and [1, 0, 0, 0, 0, 1]."""
+    prompt = [3, 4, 5]
+    trajs = [episode("e0", prompt, [[6], [7, 8]], [[9, 10]], 1.0),
+             episode("e1", prompt, [[11], [12]], [[13, 14, 15, 16]], 0.0)]
+    row = PromptRow(uid="p", data_source="arithmetic", messages=(), ground_truth="0", prompt_ids=tuple(prompt))
+    return [Group(uid="p", row=row, trajectories=trajs)]

@@ -1,11 +1,16 @@
-"""Batch layout: left-padded prompts, right-padded responses, rewards on the last token; length-
-sorted micro-batches trimmed to the columns their rows use."""
+"""Batch layout: left-padded prompts, right-padded responses, rewards on the last trained token;
+length-sorted micro-batches trimmed to the columns their rows use; the loss mask (a multi-turn
+episode's model tokens) kept apart from the attention through every cut, reorder and move."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 
 from asyncrl.training.batch import (
+    HostRows,
     build_batch,
     map_micro_batches,
     micro_batches,
@@ -14,7 +19,13 @@ from asyncrl.training.batch import (
     split_rows,
     trim,
 )
-from tests.training.helpers import make_groups, make_ragged_groups
+from tests.training.helpers import (
+    episode,
+    episode_groups,
+    make_groups,
+    make_ragged_groups,
+    single_turn_as_episodes,
+)
 
 
 def test_layout_places_every_token():
@@ -84,3 +95,48 @@ def test_micro_batches_cover_rows_once_within_budget_and_map_back_in_order():
     for i, (_, span) in enumerate(zip(*row_spans(batch), strict=True)):
         assert torch.equal(back[i, :span], want[i, :span])
     assert torch.equal(map_micro_batches(batch, 30, lambda mb: mb.response_mask), batch.response_mask)
+
+
+def test_an_episode_row_attends_every_token_and_trains_the_model_tokens():
+    # The build_batch docstring example: response [a, b, t, t, c, t], loss mask [1, 1, 0, 0, 1, 0],
+    # beside a single-turn response of 2 tokens (empty loss mask: all trained).
+    a, b, t, c = 5, 6, 7, 8
+    multi = episode("e", [3, 4], [[a, b], [c]], [[t, t], [t]], reward=1.0)
+    single = make_groups(1, 1)[0]
+    single.trajectories[0] = dataclasses.replace(single.trajectories[0], response_ids=[a, b], logprobs=[-1.0] * 2,
+                                                 versions=[0, 0], reward=0.5)
+    batch = build_batch([dataclasses.replace(single, trajectories=[multi, single.trajectories[0]])], pad_id=0)
+    assert batch.has_context_tokens
+    assert batch.responses[0].tolist() == [a, b, t, t, c, t]
+    assert batch.attention_mask[:, batch.prompt_width:].tolist() == [[1] * 6, [1, 1, 0, 0, 0, 0]]
+    assert batch.loss_mask.tolist() == [[1, 1, 0, 0, 1, 0], [1, 1, 0, 0, 0, 0]]
+    assert batch.token_level_scores.tolist() == [[0, 0, 0, 0, 1.0, 0], [0, 0.5, 0, 0, 0, 0]]
+    assert batch.rollout_log_probs[0].tolist() == [-1.0, -1.0, 0.0, 0.0, -1.0, 0.0]
+    host = HostRows.read(batch)
+    assert host.tokens_B == (3.0, 2.0) and host.response_real_B == (6, 2)  # loss counts model tokens
+
+
+def test_a_single_turn_batch_holds_one_mask_through_cuts_and_moves():
+    batch = build_batch(make_ragged_groups(), pad_id=0)
+    assert batch.loss_mask is batch.response_mask and not batch.has_context_tokens
+    for _, mb in micro_batches(batch, token_budget=30):
+        assert mb.loss_mask is mb.response_mask
+    moved = batch.to(torch.device("meta"))  # no data: only which tensors are one
+    assert moved.loss_mask is moved.response_mask and moved.responses.device.type == "meta"
+    spelled = build_batch(single_turn_as_episodes(make_ragged_groups()), pad_id=0)
+    assert spelled.has_context_tokens is True and torch.equal(spelled.loss_mask, batch.response_mask)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_micro_batches_keep_the_loss_mask_apart_from_the_attention(packed):
+    batch = build_batch(episode_groups(), pad_id=0)
+    tool = batch.response_mask - batch.loss_mask
+    assert tool.sum() > 0 and batch.loss_mask.sum() > 0
+    parts = list(micro_batches(batch, token_budget=24, packed=packed))
+    assert len(parts) > 1
+    for rows, mb in parts:
+        P = mb.prompt_width
+        assert torch.equal(mb.attention_mask[:, P:].float(), batch.response_mask[rows, : mb.responses.shape[1]])
+    for name in ("loss_mask", "response_mask"):
+        back = map_micro_batches(batch, 24, lambda mb, name=name: getattr(mb, name), packed=packed)
+        assert torch.equal(back, getattr(batch, name)), name

@@ -27,14 +27,14 @@ from asyncrl.training.batch import (
     split_rows,
 )
 from asyncrl.training.critic import Critic
-from asyncrl.training.logits import response_logits
+from asyncrl.training.logits import response_log_probs, response_logits
 from asyncrl.training.lora import apply_lora
 from asyncrl.training.memory import enable_gradient_checkpointing
 from asyncrl.training.packed_attention import NAME
 from asyncrl.training.packing import check_packing, pack, unpack
 from asyncrl.types import Group
 from tests.tolerances import Lockstep, assert_same_steps
-from tests.training.helpers import gradient_terms, groups_of_lengths, make_ragged_groups, tiny_lm
+from tests.training.helpers import episode_groups, gradient_terms, groups_of_lengths, make_ragged_groups, tiny_lm
 
 TIGHT = dict(rtol=1e-10, atol=1e-12)  # float64
 LR = 1e-2
@@ -75,6 +75,30 @@ def test_pack_lays_rows_end_to_end_with_restarting_positions():
     assert p.position_ids.tolist() == [[0, 1, 0, 1, 2, 3]]
     assert p.predicts.tolist() == [0, 3, 4] and p.labels.tolist() == [b, e, f]
     assert unpack(torch.tensor([1.0, 2.0, 3.0]), p).tolist() == [[1.0, 0.0], [2.0, 3.0]]
+
+
+def test_a_masked_middle_segment_is_packed_attended_and_still_masked():
+    """Tool text between two model turns: packed, every token is in the sequence and predicted
+    like the model's, the loss mask comes back exactly, and the second turn, which reads the tool
+    text, gets the padded path's log-probs; other tool tokens change them, in both layouts."""
+    batch = build_batch(episode_groups(), pad_id=0)
+    tool = (batch.response_mask - batch.loss_mask).bool()
+    p = pack(batch)
+    assert p.input_ids.shape[1] == int(batch.attention_mask.sum()) and len(p.real) == int(batch.response_mask.sum())
+    assert torch.equal(unpack(p.labels, p), batch.responses * batch.response_mask.long())
+    assert torch.equal(unpack(batch.loss_mask.reshape(-1).index_select(0, p.real), p), batch.loss_mask)
+    model, mask = lm64(), batch.response_mask.bool()
+    before = {rows: response_log_probs(model, batch, 1.0, pack=rows) for rows in (False, True)}
+    torch.testing.assert_close(before[True][mask], before[False][mask], **TIGHT)
+    P = batch.prompt_width
+    batch.input_ids[:, P:] = torch.where(tool, 3 + (batch.input_ids[:, P:] - 2) % 29, batch.input_ids[:, P:])
+    after_tool = (tool.cumsum(-1) > 0) & batch.loss_mask.bool()  # model tokens that read tool text
+    assert after_tool.sum() >= 6
+    for rows in (False, True):
+        after = response_log_probs(model, batch, 1.0, pack=rows)
+        first_turn = mask & ~(tool.cumsum(-1) > 0)
+        torch.testing.assert_close(after[first_turn], before[rows][first_turn], **TIGHT)
+        assert ((after - before[rows])[after_tool].abs() > 1e-6).all()
 
 
 @pytest.mark.parametrize("groups", [make_ragged_groups(), spread_groups()], ids=["ragged", "spread"])
