@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.agents import MessageTemplate, ToolEpisode
+from asyncrl.config.schema import MultiTurnConfig
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.types import EngineStats, FinishReason, GenerationRequest, Trajectory
 
@@ -160,3 +162,14 @@ class StepEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self._cut), 0, 0, 0, 1, self.generated, 0.0, self.version)
+
+
+def always_add(text: str, fmt: str) -> tuple[list[FakeCall], list[str]]:
+    """A parser that reads every turn as one call of `add 2+3` (the tiny model writes no calls)."""
+    return [FakeCall("add", {"expression": "2+3"}, text)], []
+
+
+PIPELINE_EPISODE = ToolEpisode(MultiTurnConfig(enable=True, max_assistant_turns=2), AddTools(delay_s=0.005),
+                               always_add, MessageTemplate(TOK))
+"""`rollout.multi_turn.episode=tests.agents.fakes:PIPELINE_EPISODE`: two model turns around one
+tool message (the tiny model and tokenizer), for runs of the real pipelines."""
