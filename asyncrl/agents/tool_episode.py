@@ -5,10 +5,10 @@
             -> ONE tool message with every result, tokenised between the template's delimiters
     turn 2: model tokens ... until no call, a limit, or the response budget.
 
-Limits (`rollout.multi_turn`): a turn's calls past `max_tool_calls` for the episode become a
-line saying so in the tool message (`tool_limited`), never a run; a turn with calls once
-`max_assistant_turns` model turns or `max_user_turns` tool messages were spent ends the episode
-as it is (`turn_limited`), as verl's agent loop does; a tool message that would not leave the
+Limits (`rollout.multi_turn`): calls past `max_tool_calls` for the episode or past
+`max_parallel_calls` in one turn become a line saying so in the tool message (`tool_limited`);
+a turn with calls once `max_assistant_turns` model turns or `max_user_turns` tool messages were
+spent ends the episode as it is (`turn_limited`), as verl's agent loop does; a tool message that would not leave the
 next turn a token of the response budget (`data.max_response_length`, `max_episode_tokens`)
 ends it with finish_reason "length". Calls that cannot be parsed become an error line
 (`tool_errors`). Counters land in `Trajectory.episode`.
@@ -100,6 +100,8 @@ class ToolEpisode:
         """One tool message: each call's answer (past max_tool_calls: a line saying so), then
         each parse error. Calls of one turn run at once."""
         allowed = max(int(self.cfg.max_tool_calls - ep.get("tool_calls")), 0)
+        if self.cfg.max_parallel_calls:
+            allowed = min(allowed, self.cfg.max_parallel_calls)
         run, refused = calls[:allowed], calls[allowed:]
         results = await asyncio.gather(*(self.tools.run(c, timeout_s=self.cfg.tool_timeout_s,
                                                         max_chars=self.cfg.max_tool_response_length) for c in run))
@@ -111,7 +113,7 @@ class ToolEpisode:
         ep.count("tool_limited", len(refused))
         ep.count("tool_errors", len(errors))
         lines = [r.text for r in results]
-        lines += [f"error: {c.name}: no more tool calls in this episode "
-                  f"(max_tool_calls={self.cfg.max_tool_calls})" for c in refused]
+        lines += [f"error: {c.name}: not run, past the tool call limit (max_tool_calls={self.cfg.max_tool_calls} "
+                  f"per episode, max_parallel_calls={self.cfg.max_parallel_calls} per turn)" for c in refused]
         lines += [f"error: {e}" for e in errors]
         return "\n".join(lines)

@@ -44,7 +44,7 @@ actor_rollout_ref.rollout: logprobs_mode scheduling_policy load_format log_prob_
 actor_rollout_ref.rollout: multi_stage_wake_up skip_rollout skip_dump_dir skip_tokenizer_init
 actor_rollout_ref.rollout: enable_rollout_routing_replay quantization quantization_config_file mtp layered_summon
 actor_rollout_ref.rollout.engine_kwargs
-actor_rollout_ref.rollout.multi_turn
+actor_rollout_ref.rollout.multi_turn: use_inference_chat_template tokenization_sanity_check_mode
 actor_rollout_ref.rollout.agent
 actor_rollout_ref.rollout.checkpoint_engine
 actor_rollout_ref.rollout.trace

@@ -94,8 +94,18 @@ def test_calls_past_max_tool_calls_become_a_message_and_are_counted():
     traj = run(ScriptedModel(script), tools, max_tool_calls=1, max_tool_response_length=9)
     assert [c.arguments["expression"] for c in tools.calls] == ["1+2"] and tools.max_chars == [9]
     text = TOK.decode([t for t, m in zip(traj.response_ids, traj.loss_mask) if m == 0])
-    assert text == "<|tool|>3\nerror: add: no more tool calls in this episode (max_tool_calls=1)<|end|><|assistant|>"
+    assert text == ("<|tool|>3\nerror: add: not run, past the tool call limit (max_tool_calls=1 per episode, "
+                    "max_parallel_calls=0 per turn)<|end|><|assistant|>")
     assert traj.episode["tool_calls"] == 1 and traj.episode["tool_limited"] == 1
+
+
+def test_calls_past_max_parallel_calls_in_one_turn_are_refused():
+    three = "<tool_call>add 1+2</tool_call><tool_call>add 3+4</tool_call><tool_call>add 5+6</tool_call>"
+    tools = AddTools()
+    traj = run(ScriptedModel(lambda k: three if k < 2 else ANSWER), tools, max_response_tokens=2000,
+               max_parallel_calls=2, max_tool_calls=3)
+    assert [c.arguments["expression"] for c in tools.calls] == ["1+2", "3+4", "1+2"]  # 2, then the episode's last
+    assert traj.episode["tool_calls"] == 3 and traj.episode["tool_limited"] == 3
 
 
 def test_unparsable_calls_and_failing_tools_are_messages_and_errors():
