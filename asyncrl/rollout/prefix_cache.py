@@ -17,9 +17,11 @@ adds to its step plan (`(src, dst, length)`, applied in order, `SlotKVCache.appl
   Prompts are indexed by chained hashes of 16-token blocks, so a lookup costs a dict probe per
   block, and a hit needs one whole block in common. The last prompt token is always prefilled
   (its logits are sampled), so a hit reuses at most len(prompt) - 1 positions.
-- `place` readies the slot a new sequence takes: the hit entry swaps into it (or is taken over
-  where it lies); without a hit, an entry sitting there moves to a free slot (or is evicted). The
-  hit is consumed: its K/V now belong to the running sequence, which extends them.
+- `place` readies the slot a new sequence takes. A hit the prompt contains whole (the
+  conversation's next turn) is consumed: it swaps into the slot (or is taken over where it lies),
+  its K/V now the running sequence's, which extends them. A hit the prompt shares only a part of
+  (another conversation with the same system prompt) is copied in and stays cached, so its own
+  conversation still finds it. An entry in the way moves to a free slot, or is evicted.
 - Eviction, least recently used first: when a running sequence needs the slot or the token budget
   (entries count against `rollout.kv_budget_tokens`, and are evicted before any running sequence
   is preempted). A weight load drops every unpinned entry (`drop_unpinned`): their K/V were
@@ -33,8 +35,9 @@ method rather than a request field: `GenerationRequest` is the `asyncrl.roles.En
 which vLLM engines implement too; a pin is a TorchEngine extra that an episode calls when the
 engine has it (`getattr(engine, "pin", None)`), and vLLM users lose nothing.
 
-Not here: partial-slot (block) sharing between running sequences, copy-on-hit (a hit consumes its
-entry: in multi-turn rollouts a conversation is continued once), the generic per-row HF cache.
+Not here: block sharing between running sequences (a shared system prompt is copied into each
+slot, and computed once only when its rows are admitted together: the runner's group prefill),
+the generic path's per-row HF cache.
 """
 
 from __future__ import annotations
@@ -134,12 +137,15 @@ class PrefixCache:
                 return best, min(best_len, len(ids) - 1)
         return None, 0
 
-    def place(self, slot: int, hit: CachedPrefix | None) -> list[Move] | None:
-        """Ready `slot` for a new running sequence that reuses `hit` (consumed here): the hit
-        moves in, swapping with the entry sitting there; without a hit that entry moves to a free
-        slot, or is evicted. None (nothing changed) when it is pinned and no slot is free or evictable."""
+    def place(self, slot: int, hit: CachedPrefix | None, reuse: int = 0) -> list[Move] | None:
+        """Ready `slot` for a new running sequence whose first `reuse` positions are `hit`'s.
+        A hit it extends whole (its conversation's next turn) is consumed: it moves in, swapping
+        with the entry sitting there. A hit it shares only a part of (another conversation with
+        the same system prompt) stays cached and is copied in. The entry sitting in `slot`
+        otherwise moves to a free slot, or is evicted. None (nothing changed) when that entry is
+        pinned and no slot is free or evictable."""
         occupant = self._by_slot.get(slot)
-        if hit is not None:
+        if hit is not None and self.consumes(hit, reuse):
             source = hit.slot
             self._remove(hit)
             if source == slot:
@@ -148,15 +154,38 @@ class PrefixCache:
                 return [(source, slot, len(hit.tokens))]
             self._move(occupant, source)
             return [(source, slot, -max(len(hit.tokens), len(occupant.tokens)))]
-        if occupant is None:
-            return []
+        moves: list[Move] = []
+        if occupant is not None:
+            out = self._make_way(occupant, hit)
+            if out is None and occupant is hit:  # nowhere to keep it: the sequence takes it over
+                self._remove(hit)
+                return []
+            if out is None:
+                return None
+            moves += out
+        if hit is not None:  # copied in, and kept as recently used
+            self._tick += 1
+            hit.last_used = self._tick
+            moves.append((hit.slot, slot, reuse))
+        return moves
+
+    @staticmethod
+    def consumes(hit: CachedPrefix, reuse: int) -> bool:
+        """Whether a sequence reusing `reuse` positions of `hit` takes it over (all of it: its
+        conversation's next turn) rather than copying it."""
+        return reuse >= len(hit.tokens)
+
+    def _make_way(self, occupant: CachedPrefix, hit: CachedPrefix | None) -> list[Move] | None:
+        """Move `occupant` out of its slot to a free one, or evict it, or (pinned, or the hit)
+        move it to an evicted LRU entry's slot; None when none of these is possible."""
+        slot = occupant.slot
         target = self._free_slot(slot + 1)
-        if target is None and occupant.pinned_until <= self._clock():
+        if target is None and occupant is not hit and occupant.pinned_until <= self._clock():
             self._evict(occupant)
             return []
         if target is None:
-            victim = self._lru()
-            if victim is None:
+            victim = self._lru(spare=hit if hit is not None else occupant)
+            if victim is None or victim is occupant:
                 return None
             target = victim.slot
             self._evict(victim)

@@ -227,14 +227,15 @@ class Scheduler:
                 break
             n = self.waiting[0].context_len
             hit, reuse = self.prefix.lookup(self.waiting[0].context_ids) if self.prefix else (None, 0)
-            if not self._fits(used + n - (len(hit.tokens) if hit else 0), hit):
+            taken = len(hit.tokens) if hit is not None and PrefixCache.consumes(hit, reuse) else 0
+            if not self._fits(used + n - taken, hit):
                 break
             # The prefill is right-padded to its longest context: bound the padded size, which
             # is what the forward and its (rows, T, T) mask cost.
             if admitted and (len(admitted) + 1) * max(longest, n - reuse) > self.max_prefill_tokens:
                 break
             if self.prefix is not None:
-                moves = self.prefix.place(len(self.running), hit)
+                moves = self.prefix.place(len(self.running), hit, reuse)
                 if moves is None:  # its slot holds a pinned entry and no other slot is free
                     break
                 self._moves += moves

@@ -52,11 +52,24 @@ def test_place_swaps_the_hit_in_and_moves_an_entry_without_a_hit_out_of_the_way(
     hit, _ = cache.lookup(ids(48, first=300) + (9,))
     assert hit is not None and hit.slot == 3
     # a sequence admitted into slot 2 that continues B: B and A swap slots
-    assert cache.place(2, hit) == [(3, 2, -48)]
+    assert cache.place(2, hit, reuse=48) == [(3, 2, -48)]
     assert len(cache) == 1 and cache.tokens == 32 and cache.lookup(ids(33))[0].slot == 3  # type: ignore[union-attr]
     assert cache.place(3, None) == [(3, 4, 32)]  # no hit: the entry in the way moves to a free slot
     assert cache.place(4, None) == []  # and with none left it is evicted
     assert len(cache) == 0 and cache.evictions == 1
+
+
+def test_a_hit_on_part_of_an_entry_copies_it_and_keeps_it_cached() -> None:
+    cache = PrefixCache(max_slots=4, max_len=1000)
+    cache.retire(ids(40), slot=1)  # another conversation's, sharing the first 32 tokens (a system prompt)
+    cache.retire(ids(20, first=500), slot=2)
+    hit, reuse = cache.lookup(ids(32) + (7,) * 8)
+    assert hit is not None and reuse == 32
+    assert cache.place(1, hit, reuse) == [(1, 3, 40), (3, 1, 32)]  # out of the way to slot 3, then copied back
+    assert len(cache) == 2 and cache.lookup(ids(41))[0] is hit and hit.slot == 3
+    hit, reuse = cache.lookup(ids(32) + (7,) * 8)
+    assert cache.place(2, hit, reuse) == [(3, 2, 32)]  # no slot free for the entry in 2: it goes
+    assert len(cache) == 1 and cache.evictions == 1
 
 
 def test_eviction_is_least_recently_kept_first_and_spares_pins_and_the_hit() -> None:
