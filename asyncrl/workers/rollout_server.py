@@ -235,6 +235,8 @@ class RolloutServer:
         s = self.engine.stats()
         return {"rollouter/running": s.running, "rollouter/waiting": s.waiting,
                 "rollouter/preemptions": s.preemptions, "rollouter/tokens_per_s": s.tokens_per_s,
+                "rollouter/prefill_tokens": s.prefill_tokens, "prefix_cache/queries": s.prefix_cache_queries,
+                "prefix_cache/hit_tokens": s.prefix_cache_hit_tokens,
                 "fully_async/partial/continuations": self.partial_continuations} | self.reward.metrics()
 
     def close(self) -> None:
