@@ -30,6 +30,8 @@ from asyncrl.types import FinishReason, GenerationRequest, PromptRow, Trajectory
 
 TurnRunner: TypeAlias = Callable[[GenerationRequest], Awaitable[Trajectory]]
 """How a client's requests reach the engine (the rollout server's: pause, park and abort apply)."""
+Pin: TypeAlias = Callable[[Sequence[int], float], bool]
+"""An engine's `pin(token_ids, seconds)` (TorchEngine's prefix cache; not in the Engine protocol)."""
 
 
 class EngineClient:
@@ -44,7 +46,8 @@ class EngineClient:
     """
 
     def __init__(self, base: GenerationRequest, run: TurnRunner, tokenizer: Any, *,
-                 max_response_tokens: int, stopped: Callable[[], bool] = lambda: False) -> None:
+                 max_response_tokens: int, stopped: Callable[[], bool] = lambda: False,
+                 pin: Pin | None = None, unpin: Callable[[Sequence[int]], bool] | None = None) -> None:
         self.base = base
         self.episode_id = base.request_id
         self.tokenizer = tokenizer
@@ -53,11 +56,23 @@ class EngineClient:
         """Tokens after the prompt at most, every turn and environment message included."""
         self._run = run
         self._stopped = stopped
+        self._pin, self._unpin = pin, unpin
         self.calls = 0
 
     @property
     def prompt_ids(self) -> tuple[int, ...]:
         return self.base.prompt_ids
+
+    def keep(self, token_ids: Sequence[int], seconds: float) -> bool:
+        """Ask the engine to keep the KV of this conversation so far (`token_ids`, prompt
+        included) for its next turn, at most `seconds` (a tool wait; `rollout.multi_turn.
+        keep_slot=keep`). False when it does not (keep_slot=release, or an engine without pins)."""
+        return self._pin is not None and self._pin(token_ids, seconds)
+
+    def release(self, token_ids: Sequence[int]) -> None:
+        """The conversation `keep` held has no next turn: its KV may go."""
+        if self._unpin is not None:
+            self._unpin(token_ids)
 
     def stopped(self) -> bool:
         """Whether the episode was aborted for good (its next `generate` returns "aborted")."""

@@ -15,7 +15,8 @@ ends it with finish_reason "length". Calls that cannot be parsed become an error
 
 An abort during a tool call does not cut the call: the episode waits for it (bounded by
 `tool_timeout_s`), appends its message, and only then stops (the next `generate` returns
-"aborted"), so a resumed episode never runs a tool twice. Not here: the tools themselves
+"aborted"), so a resumed episode never runs a tool twice. With `keep_slot=keep` the engine
+keeps the conversation's KV through the tool calls (`EngineClient.keep`). Not here: the tools themselves
 (`asyncrl.tools`), the episode interface (`asyncrl.agents.episode`).
 """
 
@@ -90,8 +91,12 @@ class ToolEpisode:
             if ep.get("num_turns") >= self.cfg.max_assistant_turns or ep.get("user_turns") >= self.cfg.max_user_turns:
                 ep.count("turn_limited")
                 return ep.trajectory(client.episode_id, "stop")
+            context = [*client.prompt_ids, *ep.response_ids]
+            kept = client.keep(context, self.cfg.tool_timeout_s + 1.0)  # the slot waits out the tools
             ids = self.message.encode(await self._answers(calls, errors, ep))
             if len(ep.response_ids) + len(ids) >= budget:
+                if kept:
+                    client.release(context)
                 return ep.trajectory(client.episode_id, "length")
             ep.add_environment(ids)
             ep.count("user_turns")

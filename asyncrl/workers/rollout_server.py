@@ -157,9 +157,12 @@ class RolloutServer:
         if earlier is not None:
             self.partial_continuations += 1
         eid = request.request_id
+        keep = self.requests.cfg.multi_turn.keep_slot == "keep"
         client = EngineClient(request, functools.partial(self._turn, eid), self.reward.tokenizer,
                               max_response_tokens=self._episode_budget(request),
-                              stopped=lambda: eid in self._stopped)
+                              stopped=lambda: eid in self._stopped,
+                              pin=getattr(self.engine, "pin", None) if keep else None,
+                              unpin=getattr(self.engine, "unpin", None) if keep else None)
         self._episodes.add(eid)
         start = clock.now()
         try:

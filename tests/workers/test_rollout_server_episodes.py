@@ -157,3 +157,36 @@ def test_episodes_through_the_torch_engine_continue_across_a_sync_with_the_same_
         torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-5, atol=1e-5)
         assert b.versions[0] == 0 and b.versions[-1] == 1 and list(b.versions) == sorted(b.versions)
         assert b.reward == 1.0
+
+
+async def kept_episode(row: PromptRow, client: EngineClient, partial: Trajectory | None) -> Trajectory:
+    """Two model turns around an environment message; the slot is kept over the (tool) wait."""
+    ep = EpisodeBuilder.resume(client.prompt_ids, partial)
+    ep.add_model(await client.generate(client.prompt_ids, max_tokens=6))
+    ep.count("kept", client.keep([*client.prompt_ids, *ep.response_ids], 5.0))
+    await asyncio.sleep(0.02)  # the tool
+    ep.add_environment(ENV)
+    ep.add_model(await client.generate([*client.prompt_ids, *ep.response_ids], max_tokens=6))
+    return ep.trajectory(client.episode_id, "stop")
+
+
+def test_keep_slot_pins_the_conversation_and_the_next_turn_prefills_only_its_new_tokens():
+    def run(keep_slot: str) -> tuple[Trajectory, object]:
+        engine = TorchEngine(tiny_lm(), 0, EngineSettings(kv_budget_tokens=4096, max_num_seqs=8, prefix_cache=True))
+        cfg = RolloutConfig(temperature=0.0, ignore_eos=True,
+                            multi_turn=MultiTurnConfig(enable=True, keep_slot=keep_slot))  # type: ignore[arg-type]
+        no_tok = type("NoTok", (), {"batch_decode": lambda self, ids, skip_special_tokens=True: ["1"] * len(ids)})()
+        srv = RolloutServer(engine, RequestBuilder(cfg, max_tokens=40, seed=0), RewardWorker(no_tok, RewardConfig()),
+                            episode=kept_episode)
+        row = PromptRow(uid="p", data_source="arithmetic", messages=(), ground_truth="1",
+                        prompt_ids=tuple(3 + i % 25 for i in range(40)))  # whole blocks of the prefix cache
+        traj = asyncio.run(srv.generate_scored(row, 1, "g")).trajectories[0]
+        return traj, engine.stats()
+
+    kept, stats = run("keep")
+    released, _ = run("release")
+    assert kept.episode["kept"] == 1 and released.episode["kept"] == 0
+    assert kept.response_ids == released.response_ids and len(kept.response_ids) == 6 + len(ENV) + 6
+    # turn 2 reuses the prompt and turn 1 (its last token was sampled, never fed): it prefills that
+    # token and the environment's only
+    assert stats.prefix_cache_hit_tokens == 40 + 6 - 1 and stats.prefill_tokens == 40 + 1 + len(ENV)
