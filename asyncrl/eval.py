@@ -62,6 +62,7 @@ def check_eval(cfg: Config) -> None:
 def run_eval(cfg: Config, generations: Path | None = None) -> EvalReport:
     """Generate rollout.val_n responses per held-out prompt with a run's engine and rewards;
     `trainer.log_val_generations` of them as text to `generations` if given."""
+    from asyncrl.agents.build import prompt_data
     from asyncrl.data.held_out import val_rows
     from asyncrl.models import load_model
     from asyncrl.workers.factory import build_rollout_server
@@ -69,7 +70,7 @@ def run_eval(cfg: Config, generations: Path | None = None) -> EvalReport:
 
     start = time.perf_counter()
     model, tok = load_model(cfg.model, logger.info)
-    rows, data = val_rows(cfg.data, cfg.seed, tok, logger.warning)
+    rows, data = val_rows(prompt_data(cfg.data, cfg.rollout.multi_turn, cfg.sandbox), cfg.seed, tok, logger.warning)
     server = build_rollout_server(cfg, 0, model, tok)
     try:
         metrics, groups = asyncio.run(evaluate(server, rows, cfg.rollout.val_n))

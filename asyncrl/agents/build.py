@@ -1,5 +1,6 @@
 """The episode a run's rollout servers play, from `rollout.multi_turn`.
 
+`prompt_data` puts the built-in tool episode's tool schemas into the prompts' chat template.
 `episode_from_config` returns None when multi_turn is off (the server's single-turn path), the
 function named by `rollout.multi_turn.episode` ("module:function" or "path/file.py:function"),
 or the built-in tool episode over the registry of `rollout.multi_turn.tool_config_path`.
@@ -8,9 +9,11 @@ A name that does not resolve is a ConfigError naming the key, raised when the se
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 import sys
 from typing import Any, cast
@@ -36,6 +39,18 @@ def episode_from_config(mt: MultiTurnConfig, tokenizer: Any, *, sandbox: Sandbox
 
     tools = ToolRegistry.from_config(mt.tool_config_path, sandbox=sandbox)
     return ToolEpisode(mt, tools, parse_tool_calls, MessageTemplate(tokenizer, "tool", template_kwargs))
+
+
+def prompt_data(data: DataConfig, mt: MultiTurnConfig, sandbox: SandboxConfig) -> DataConfig:
+    """`data` whose prompts list the built-in tool episode's tools: their schemas go to the chat
+    template as `tools` (a `data.chat_template_kwargs` entry), as verl's tool agent loop templates
+    its prompts; unchanged for single turn and custom episodes (they template their own)."""
+    if not mt.enable or mt.episode:
+        return data
+    from asyncrl.tools import ToolRegistry
+
+    schemas = ToolRegistry.from_config(mt.tool_config_path, sandbox=sandbox).schemas()
+    return dataclasses.replace(data, chat_template_kwargs=(*data.chat_template_kwargs, f"tools={json.dumps(schemas)}"))
 
 
 def load_episode(spec: str) -> Episode:

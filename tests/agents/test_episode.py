@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from asyncrl.agents import EngineClient, EpisodeBuilder, MessageTemplate, single_turn
-from asyncrl.agents.build import episode_from_config, load_episode
+from asyncrl.agents.build import episode_from_config, load_episode, prompt_data
 from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.config.schema import MultiTurnConfig
 from asyncrl.errors import ConfigError
@@ -103,3 +103,32 @@ def test_a_template_that_drops_the_tool_message_is_a_config_error():
     tok.chat_template = "{% for m in messages %}{% if m['role'] != 'tool' %}{{ m['content'] }}{% endif %}{% endfor %}"
     with pytest.raises(ConfigError, match="data.chat_template"):
         MessageTemplate(tok)
+
+
+def test_the_tool_episode_prompts_list_its_tools_for_the_chat_template():
+    from asyncrl.config.schema import DataConfig
+    from asyncrl.data.held_out import prompt_rows
+    from asyncrl.data.tasks import make_task
+
+    tok = TOK.__class__(tokenizer_object=TOK.backend_tokenizer, eos_token="<|end|>")
+    tok.chat_template = ("{% if tools %}<|system|>tools: {% for t in tools %}{{ t['function']['name'] }} {% endfor %}"
+                         "<|end|>{% endif %}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
+                         "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    d = DataConfig(max_prompt_length=200)
+    raw = make_task("arithmetic", 1)
+    sandbox = SandboxConfig()
+    with_tools = prompt_data(d, MultiTurnConfig(enable=True), sandbox)
+    text = tok.decode(list(prompt_rows(raw, with_tools, tok, "x", print)[0].prompt_ids))
+    assert text.startswith("<|system|>tools: calculator python <|end|><|user|>")
+    assert prompt_data(d, MultiTurnConfig(), sandbox) is d
+    assert prompt_data(d, MultiTurnConfig(enable=True, episode="m:f"), sandbox) is d
+
+
+def test_the_built_in_episode_calls_the_real_calculator():
+    episode = episode_from_config(MultiTurnConfig(enable=True, format="compact"), TOK, sandbox=SandboxConfig())
+    assert episode is not None
+    model = ScriptedModel(lambda k: "<tool_call>calculator 12+30</tool_call>" if k == 0 else "Answer: 42")
+    traj = asyncio.run(episode(ROW, EngineClient(BASE, model, TOK, max_response_tokens=200), None))
+    tool_text = TOK.decode([t for t, m in zip(traj.response_ids, traj.loss_mask) if m == 0])
+    assert tool_text == "<|tool|>42<|end|><|assistant|>" and traj.episode["tool_errors"] == 0
+    assert TOK.decode(list(traj.response_ids)).endswith("Answer: 42<|end|>")
