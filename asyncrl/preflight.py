@@ -15,7 +15,7 @@ into a run, as tracebacks, into one `ConfigError`/`DataError` line naming the ke
 - `data.max_prompt_length` keeps the prompts (counted with the model's `tokenizer.json` and chat
   template, the same way the loader tokenizes them), and enough of them for one batch;
 - the reward function resolves: `reward.custom_function`, else the built-in scorer of every
-  `data_source` in the data files.
+  `data_source` in the data files; `reward.model_path` is a one-label sequence classifier.
 
 It loads no model and starts nothing. What it cannot check cheaply (prompt lengths under a
 tokenizer without `tokenizer.json`, or a built-in model not cached yet) the loader checks later,
@@ -40,6 +40,7 @@ from asyncrl.models.loading import check_model_path, local_tokenizer_dir, model_
 from asyncrl.rewards import check_signature
 from asyncrl.rewards.batch_functions import resolve as resolve_batch_function
 from asyncrl.rewards.registry import load_custom_function, resolve_reward_fn
+from asyncrl.rewards.reward_model import check_reward_model_path
 from asyncrl.telemetry.loggers import missing_logger_package
 from asyncrl.types import PromptRow
 
@@ -71,6 +72,8 @@ def preflight(cfg: Config, log: Log, runs_root: Path) -> None:
     files = check_data_files(cfg.data)
     check_prompt_fit(cfg, files, log)
     check_rewards(cfg.reward, files)
+    if cfg.reward.model_path:
+        check_reward_model_path(cfg.reward.model_path)
 
 
 def check_device(device: str) -> None:
@@ -170,7 +173,10 @@ def _count_dropped(counter: LengthCounter, f: DataFile, max_prompt_length: int, 
 
 def check_rewards(reward: RewardConfig, files: Sequence[DataFile]) -> None:
     """reward.functions resolve (they score every data source), or reward.custom_function imports, or
-    every data_source of the data files has a built-in scorer."""
+    every data_source of the data files has a built-in scorer; none with a reward model alone
+    (reward.model_path with reward.rule_weight=0), which runs no rule."""
+    if reward.model_path and reward.rule_weight == 0:
+        return
     if reward.functions:
         for spec in reward.functions:
             resolve_batch_function(spec)

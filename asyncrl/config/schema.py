@@ -121,8 +121,6 @@ class MultiTurnConfig:
     """Tool/environment turns per episode at most (verl's max_user_turns)."""
     max_tool_calls: int = knob(8, ">= 0")
     """Tool calls per episode at most; a call past it becomes an error message to the model, counted."""
-    max_parallel_calls: int = knob(0, ">= 0", hint="0 = no limit")
-    """Tool calls run per model turn at most (verl's max_parallel_calls); the rest become error messages, counted."""
     max_tool_response_length: int = knob(256, ">= 1")
     """Characters of a tool's output kept (the rest cut and counted, as verl's)."""
     max_episode_tokens: int = knob(0, ">= 0", hint="0 = data.max_prompt_length + data.max_response_length")
@@ -324,6 +322,16 @@ class RewardConfig:
     """The length the punishment reaches its full factor at (DAPO's max_resp_len; 0 = data.max_response_length)."""
     gsm8k_method: Gsm8kMethod = "strict"
     """Built-in GSM8K scorer: strict = the last '#### n' (verl's default), flexible = the last number, auto = either."""
+    model_path: str = ""
+    """A local reward model (AutoModelForSequenceClassification, one label) scoring each response ('' = none)."""
+    model_weight: float = 1.0
+    """The reward model's score's weight in the reward (its unweighted score: details 'reward_model')."""
+    rule_weight: float = 1.0
+    """With model_path: the rule reward's weight (details 'rule'); 0 = the reward model alone, no rule run (verl's)."""
+    model_batch_size: int = knob(8, ">= 1")
+    """Responses per reward-model forward (verl's reward_model.micro_batch_size_per_gpu)."""
+    model_max_length: int = knob(0, ">= 0")
+    """Tokens the reward model reads per response, the last ones kept (0 = its max_position_embeddings)."""
 
 
 @dataclass(frozen=True)

@@ -51,14 +51,6 @@ def _off_is_zero(value: Any) -> Any:
     return 0 if value is None or (isinstance(value, int) and value < 0) else value
 
 
-NO_LIMIT = 1_000_000
-"""verl's null turn limits (none): the response budget ends an episode long before."""
-
-
-def _no_limit(value: Any) -> Any:
-    return NO_LIMIT if value is None else value
-
-
 def _not_null(value: Any) -> Any:
     if value is None:
         raise NotModelled
@@ -213,21 +205,13 @@ TABLE: dict[str, To] = {
     "trainer.validation_data_dir": to("trainer.validation_data_dir", convert=lambda v: v or ""),
     "custom_reward_function.path": to("@reward_path"),
     "custom_reward_function.name": to("@reward_name"),
-    "reward_model.enable": always(False, fix="asyncrl has no learned reward model yet; score with "
-                                  "custom_reward_function.path or reward.functions"),
+    "reward_model.enable": to("@rm_enable"),  # with model.path: reward.model_path, scoring alone (as verl)
+    "reward_model.model.path": to("@rm_path"),
+    "reward_model.micro_batch_size_per_gpu": to("reward.model_batch_size", convert=_not_null),
+    "reward_model.micro_batch_size": to("reward.model_batch_size", convert=_not_null, weak=True),  # verl's older one
+    "reward_model.max_length": to("reward.model_max_length", convert=_off_is_zero),
     "trainer.val_only": always(False, fix="to score a model without training, run `asyncrl eval` with these arguments"),
-    R + "multi_turn.enable": to("rollout.multi_turn.enable"),
-    R + "multi_turn.max_assistant_turns": to("rollout.multi_turn.max_assistant_turns", convert=_no_limit),
-    R + "multi_turn.max_user_turns": to("rollout.multi_turn.max_user_turns", convert=_no_limit),
-    R + "multi_turn.max_parallel_calls": to("rollout.multi_turn.max_parallel_calls"),
-    R + "multi_turn.tool_config_path": to("rollout.multi_turn.tool_config_path", convert=lambda v: v or ""),
-    R + "multi_turn.format": to("rollout.multi_turn.format"),
-    R + "multi_turn.max_tool_response_length": to("rollout.multi_turn.max_tool_response_length"),
-    R + "multi_turn.tool_response_truncate_side": always("left", fix="asyncrl keeps the head of a long tool output "
-                                                         "(verl's left); set it to left"),
-    R + "multi_turn.interaction_config_path": always(None, fix="interactions (a simulated user) are not built; write "
-                                                     "the environment as an episode: rollout.multi_turn.episode"),
-    R + "multi_turn.num_repeat_rollouts": always(None, fix="interactions are not built; drop the key"),
+    R + "multi_turn.enable": always(False, fix="multi-turn (tool-calling) rollouts are not built yet; set it false"),
     "algorithm.use_pf_ppo": always(False, fix="PF-PPO's reweighted sampling is not built; set it false"),
     M + "lora_adapter_path": always(None, fix="start from the adapter merged into the model at model.path"),
     A + "loss_scale_factor": always(None, fix="asyncrl scales the loss by loss_agg_mode alone; drop the key"),
@@ -370,6 +354,11 @@ def _derive(t: Translation, entry: str | None) -> None:
     if held.get("@overlong.enable"):  # DAPO's two spellings (its YAML and the recipes' reward_kwargs)
         v.setdefault("reward.overlong_buffer", held.get("@overlong.len", 0))
         v.setdefault("reward.overlong_penalty_factor", held.get("@overlong.penalty_factor", 1.0))
+    if held.get("@rm_enable"):  # verl's reward manager then returns the reward model's scores alone
+        if not held.get("@rm_path"):
+            raise ConfigError("reward_model.enable=True needs reward_model.model.path: a local sequence classifier")
+        v.setdefault("reward.model_path", held["@rm_path"])
+        v.setdefault("reward.rule_weight", 0.0)
     if held.get("@reward_path"):
         v["reward.custom_function"] = f"{held['@reward_path']}:{held.get('@reward_name') or 'compute_score'}"
     if v.get("trainer.resume_mode") == "resume_path":

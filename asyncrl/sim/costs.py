@@ -180,3 +180,13 @@ def sync_seconds(p: Profile) -> float:
 def checkpoint_seconds(p: Profile) -> float:
     """Weights + fp32 master weights + Adam moments: ~8x the bf16 weight bytes."""
     return 8 * p.weight_bytes / (p.checkpoint_gb_s * 1e9)
+
+
+def reward_model_seconds(p: Profile, lengths: np.ndarray, devices: int, micro_tokens: int) -> float:
+    """A learned reward model (`reward.model_path`) scoring these prompt + response sequences: one
+    forward pass on the rollout engine's `devices`, the reward model taken as the policy's size
+    (the profile's; recipes pair a policy with a reward model of its family), micro-batches of
+    `micro_tokens` (reward.model_batch_size sequences of the longest length).
+
+    Example: like `logprob_seconds` of a decoupled trainer on those devices (no reload)."""
+    return pass_seconds(p, lengths, devices, micro_tokens, 1.0, p.logprob_mfu)

@@ -50,6 +50,7 @@ class SimRolloutServer:
         self._groups = 0
         self._in_flight: dict[str, GroupSpec] = {}  # uid -> its group, for `abort`
         self._reward_s = profile.reward_s / max(cfg.reward.num_workers, 1)
+        self._tp = tp  # where a reward model runs: beside the engine
         self._placeholders = Placeholders()
 
     @property
@@ -89,7 +90,7 @@ class SimRolloutServer:
     async def _score_streamed(self, group: Group) -> None:
         """Reward scheduler: each response was scored as it finished, hidden behind the others'
         generation; only the last one's reward is still to wait for."""
-        await asyncio.sleep(self._reward_s)
+        await asyncio.sleep(self._reward_s + self._reward_model_s(group.trajectories[-1:]))
         end = asyncio.get_running_loop().time()
         for t, reward in zip(group.trajectories, self.workload.rewards(len(group.trajectories))):
             t.reward = reward
@@ -115,12 +116,21 @@ class SimRolloutServer:
     async def score(self, groups: list[Group]) -> list[Group]:
         trajectories = [t for g in groups for t in g.trajectories]
         start = asyncio.get_running_loop().time()
-        await asyncio.sleep(len(trajectories) * self._reward_s)
+        await asyncio.sleep(len(trajectories) * self._reward_s + self._reward_model_s(trajectories))
         end = asyncio.get_running_loop().time()
         for t, reward in zip(trajectories, self.workload.rewards(len(trajectories))):
             t.reward = reward
             t.timings["reward_start"], t.timings["reward_end"] = start, end
         return groups
+
+    def _reward_model_s(self, trajectories: Sequence[Trajectory]) -> float:
+        """The reward model's forward over these responses (none without reward.model_path)."""
+        r, d = self.cfg.reward, self.cfg.data
+        if not r.model_path or not trajectories:
+            return 0.0
+        lengths = np.array([len(t.prompt_ids) + len(t.response_ids) for t in trajectories])
+        micro = r.model_batch_size * (d.max_prompt_length + d.max_response_length)
+        return costs.reward_model_seconds(self.profile, lengths, self._tp, micro)
 
     async def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
         """Stop these responses (`{uid}/{i}`) where they are; ids not in flight here are skipped."""

@@ -17,12 +17,13 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncrl.agents.build import episode_from_config, message_template_kwargs, prompt_data
+from asyncrl.agents.build import episode_from_config, message_template_kwargs
 from asyncrl.config.schema import Config
 from asyncrl.data import load_rows, make_task
 from asyncrl.data.held_out import prompt_rows, val_rows
 from asyncrl.errors import ConfigError
 from asyncrl.models import load_model
+from asyncrl.rewards.reward_model import RewardModel
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.rollout.registry import build_engine
 from asyncrl.scheduling.plan import RunPlan
@@ -42,7 +43,7 @@ from asyncrl.workers.trainer import PPOTrainer
 
 def load_data(cfg: Config, tok: PreTrainedTokenizerBase,
                log: Callable[[str], None]) -> tuple[list[PromptRow], list[PromptRow]]:
-    d = prompt_data(cfg.data, cfg.rollout.multi_turn, cfg.sandbox)  # the tool episode's prompts list its tools
+    d = cfg.data
 
     def prompts(rows: list[PromptRow], source: str) -> list[PromptRow]:
         return prompt_rows(rows, d, tok, source, log)
@@ -62,7 +63,8 @@ def load_data(cfg: Config, tok: PreTrainedTokenizerBase,
 def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | None = None,
                          tok: PreTrainedTokenizerBase | None = None, compute: Executor | None = None) -> RolloutSide:
     """Rollout worker `index`: its engine (`rollout.engine`, own copy of the weights, stepping on
-    `compute` if given, `asyncrl.compute`) and rewards."""
+    `compute` if given, `asyncrl.compute`) and rewards (with `reward.model_path`, its own copy of
+    the reward model, on the engine's device and compute thread)."""
     if model is None or tok is None:
         model, tok = load_model(cfg.model, lambda _: None)
     copy_for_engine = cast(nn.Module, copy.deepcopy(model)).to(device=cfg.trainer.device, dtype=compute_dtype(cfg))
@@ -70,8 +72,11 @@ def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | N
                           device=cfg.trainer.device, seed=cfg.seed + index, compute=compute,
                           max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
     requests = RequestBuilder(cfg.rollout, max_tokens=cfg.data.max_response_length, seed=cfg.seed)
+    reward_model = RewardModel.load(cfg.reward, tok, cfg.trainer.device, compute_dtype(cfg), compute) \
+        if cfg.reward.model_path else None  # beside this host's engine, on its compute thread
     reward = RewardWorker(tok, cfg.reward, window=cfg.data.train_batch_size * cfg.rollout.n, sandbox=cfg.sandbox,
-                          scheduler=cfg.reward_scheduler, max_response_length=cfg.data.max_response_length)
+                          scheduler=cfg.reward_scheduler, max_response_length=cfg.data.max_response_length,
+                          reward_model=reward_model)
     episode = episode_from_config(cfg.rollout.multi_turn, tok, sandbox=cfg.sandbox,
                                   template_kwargs=message_template_kwargs(cfg.data))
     return RolloutServer(engine, requests, reward, score_each=cfg.reward_scheduler.enable, episode=episode)

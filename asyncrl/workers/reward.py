@@ -41,6 +41,7 @@ from asyncrl.rewards import (
 )
 from asyncrl.rewards.batch_functions import BatchFunctions
 from asyncrl.rewards.code_exec import CODE_SOURCES, count_tests
+from asyncrl.rewards.reward_model import RewardModel, combine
 from asyncrl.rewards.runner import Outcome
 from asyncrl.scheduling.adaptive_timeout import AdaptiveTimeout
 from asyncrl.types import Group, PromptRow, Trajectory
@@ -55,8 +56,9 @@ class RewardWorker:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, cfg: RewardConfig, window: int = DEFAULT_WINDOW,
                  sandbox: SandboxConfig | None = None, scheduler: RewardSchedulerConfig | None = None,
-                 max_response_length: int = 0) -> None:
-        """`max_response_length`: data.max_response_length, where DAPO's overlong punishment ends by default."""
+                 max_response_length: int = 0, reward_model: RewardModel | None = None) -> None:
+        """`max_response_length`: data.max_response_length, where DAPO's overlong punishment ends by default.
+        `reward_model`: the learned reward model (`reward.model_path`), combined with the rule reward."""
         if cfg.num_workers < 1 or cfg.timeout_s <= 0:
             raise ConfigError(f"reward.num_workers must be >= 1 and reward.timeout_s > 0, got "
                               f"{cfg.num_workers} and {cfg.timeout_s}")
@@ -68,11 +70,14 @@ class RewardWorker:
         self.functions = BatchFunctions(cfg.functions, cfg.function_weights, cfg.timeout_s) if cfg.functions else None
         self.code_timeouts = CodeTimeouts(scheduler) if scheduler is not None and scheduler.enable else None
         self.overlong_max_len = cfg.overlong_max_len or max_response_length
+        self.reward_model = reward_model
+        self.rules = reward_model is None or cfg.rule_weight != 0
+        """Whether rule rewards run: not for a reward model alone (rule_weight 0), as verl."""
 
     def check(self, rows: Iterable[PromptRow]) -> None:
         """Resolve and signature-check every data source's function now (ConfigError if wrong)."""
-        if self.functions is not None:
-            return  # resolved when built; they score every data source
+        if self.functions is not None or not self.rules:
+            return  # resolved when built; they score every data source (or no rule runs)
         for source in sorted({r.data_source for r in rows}):
             check_signature(resolve_reward_fn(source, self.cfg.custom_function or None), self.cfg.custom_function)
 
@@ -84,13 +89,7 @@ class RewardWorker:
         texts = self.tokenizer.batch_decode([list(t.response_ids) for t in trajectories], skip_special_tokens=True)
         if self.code_timeouts is not None:
             rows = [self.code_timeouts.attach(r) for r in rows]
-        if self.functions is not None:
-            results = self.functions.score(rows, texts)
-            for row, result in zip(rows, results):
-                self.stats.record(Outcome(result, result.error), row.data_source)
-        else:
-            results = score_batch(rows, texts, pool=self.pool, stats=self.stats,
-                                  defaults={"gsm8k_method": self.cfg.gsm8k_method})
+        results = self._results(rows, trajectories, texts)
         for row, traj, result in zip(rows, trajectories, results):
             if self.cfg.overlong_buffer:
                 result = add_terms(result, {"overlong_penalty": length_penalty(
@@ -102,6 +101,23 @@ class RewardWorker:
             traj.reward_details = {k: v for k, v in result.details.items() if not k.startswith(PER_TEST)}
             traj.reward_status = result.status
         self.failures.add([r.data_source for r in rows], results)
+
+    def _results(self, rows: Sequence[PromptRow], trajectories: Sequence[Trajectory],
+                 texts: Sequence[str]) -> list[RewardResult]:
+        """The rule rewards (unless only the reward model scores), with the reward model's score added."""
+        rules: list[RewardResult | None] = [None] * len(rows)
+        if self.rules and self.functions is not None:
+            scored = self.functions.score(rows, texts)
+            for row, result in zip(rows, scored):
+                self.stats.record(Outcome(result, result.error), row.data_source)
+            rules = list(scored)
+        elif self.rules:
+            rules = list(score_batch(rows, texts, pool=self.pool, stats=self.stats,
+                                     defaults={"gsm8k_method": self.cfg.gsm8k_method}))
+        if self.reward_model is None:
+            return [r for r in rules if r is not None]
+        scores = self.reward_model.score(rows, trajectories, texts)
+        return [combine(r, s, self.cfg.rule_weight, self.cfg.model_weight) for r, s in zip(rules, scores)]
 
     def score_groups(self, groups: Sequence[Group]) -> None:
         rows = [g.row for g in groups for _ in g.trajectories]

@@ -1,0 +1,199 @@
+"""A learned reward model: a frozen sequence classifier that scores (prompt, response) pairs.
+
+`RewardModel.load(cfg, policy_tokenizer, device)` loads `reward.model_path`, a local
+`AutoModelForSequenceClassification` directory with one label and its tokenizer, frozen and in
+eval mode. `score(rows, trajectories, texts)` returns one float per response: the classifier's
+logit, read at the sequence's last token (the model's own pooling).
+
+What the classifier reads:
+- its tokenizer is the policy's (same vocabulary and chat template): the trajectory's own
+  prompt and response token ids, as the policy saw them;
+- it differs (verl's `reward_model.model.input_tokenizer` case): the response text, decoded with
+  the policy's tokenizer, re-templated with the reward model's own: the prompt's messages plus an
+  assistant turn through its chat template (a raw-text prompt, or a tokenizer without a template:
+  prompt text + response text).
+Longer inputs than `reward.model_max_length` (0: the model's positions) keep their last tokens,
+where the classifier reads its score. Responses are scored `reward.model_batch_size` at a time,
+padded, in order of length (a batch pads little); the result does not depend on the batching.
+With a `compute` executor (the rollout side's compute thread, `asyncrl.compute`) the forwards run
+there, between engine steps.
+
+`combine` is how its score joins the rule reward. Not here: where the model runs (the reward
+worker, `asyncrl.workers.reward`), the rule rewards (`asyncrl.rewards`). No packing: rows are
+padded per batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from asyncrl.errors import ConfigError
+from asyncrl.rewards.registry import RewardResult
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from asyncrl.config.schema import RewardConfig
+    from asyncrl.types import PromptRow, Trajectory
+
+KEY = "reward.model_path"
+T = TypeVar("T")
+
+
+def check_reward_model_path(path: str) -> None:
+    """A one-line ConfigError naming `reward.model_path` unless it is a local directory holding a
+    one-label sequence classifier (config.json's architectures), a tokenizer and weights."""
+    from asyncrl.models.loading import TOKENIZER_FILES, WEIGHT_PATTERNS
+
+    where = Path(path).expanduser()
+    key = f"{KEY}={path!r}"
+    want = "a local AutoModelForSequenceClassification directory with num_labels=1 (save_pretrained)"
+    if not where.is_dir():
+        raise ConfigError(f"{key} {'is a file' if where.exists() else 'does not exist'}; set it to {want}")
+    try:
+        config = json.loads((where / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{key} has no readable config.json ({exc}); set it to {want}") from None
+    architectures = [str(a) for a in config.get("architectures") or []]
+    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+        kind = ", ".join(architectures) or "a model without architectures in config.json"
+        raise ConfigError(f"{key} is {kind}, not a sequence classifier; set it to {want}")
+    labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))  # transformers' default: 2
+    if labels != 1:
+        raise ConfigError(f"{key} has {labels} labels; a reward model gives one score per response: set it to {want}")
+    if not any((where / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"{key} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
+                          "save the reward model's tokenizer beside it (tokenizer.save_pretrained)")
+    if not any(next(where.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+        raise ConfigError(f"{key} has no weights (no *.safetensors or pytorch_model*.bin); set it to {want}")
+
+
+def reward_model_positions(path: str) -> int | None:
+    """`max_position_embeddings` of the reward model's saved config, if it says."""
+    try:
+        return int(json.loads((Path(path).expanduser() / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def combine(rule: RewardResult | None, model_score: float, rule_weight: float, model_weight: float) -> RewardResult:
+    """The reward of one response: `rule_weight * rule + model_weight * model_score`, both parts in
+    `details` ("rule", "reward_model"). No rule (weight 0: the model alone, verl's reward model
+    semantics): the weighted model score. A failed rule stays failed (score 0, its status).
+
+    Example: combine(RewardResult(1.0), 0.5, rule_weight=1.0, model_weight=2.0) scores 2.0 with
+    details {"rule": 1.0, "reward_model": 0.5}.
+    """
+    if rule is None:
+        return RewardResult(model_weight * model_score, details={"reward_model": model_score})
+    if rule.status != "ok":
+        return rule
+    details = {**rule.details, "rule": rule.score, "reward_model": model_score}
+    return dataclasses.replace(rule, score=rule_weight * rule.score + model_weight * model_score, details=details)
+
+
+def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
+    """The same vocabulary and chat template: token ids mean the same to both."""
+    same_template = getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
+    return bool(same_template and a.get_vocab() == b.get_vocab())
+
+
+class RewardModel:
+    """Thread-safe to call from one thread at a time (the reward worker's scoring thread)."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 policy_tokenizer: PreTrainedTokenizerBase, *, batch_size: int, max_length: int,
+                 compute: Executor | None = None) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.pad_id = int(model.config.pad_token_id)
+        self.retemplate = not same_tokenizer(policy_tokenizer, tokenizer)
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.compute = compute
+
+    @classmethod
+    def load(cls, cfg: RewardConfig, policy_tokenizer: PreTrainedTokenizerBase, device: str = "cpu",
+             dtype: torch.dtype | None = None, compute: Executor | None = None) -> RewardModel:
+        """The classifier at `cfg.model_path` on `device` (float32 on the CPU, `dtype` elsewhere);
+        a one-line ConfigError if it is not one, or does not fit on the device."""
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        check_reward_model_path(cfg.model_path)
+        where = Path(cfg.model_path).expanduser()
+        tokenizer = AutoTokenizer.from_pretrained(where)
+        load_dtype = torch.float32 if device == "cpu" or dtype is None else dtype
+        model = AutoModelForSequenceClassification.from_pretrained(where, dtype=load_dtype)
+        if model.config.pad_token_id is None:  # the model's pooling finds each row's end by its pad id
+            model.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+                else tokenizer.eos_token_id
+        try:
+            model = model.to(device)
+        except torch.OutOfMemoryError:
+            gb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+            raise ConfigError(f"{KEY}={cfg.model_path!r}: the reward model ({gb:.1f} GB) does not fit on {device} "
+                              "beside the policy's engine and trainer: use a smaller reward model, or lower "
+                              "rollout.gpu_memory_utilization") from None
+        positions = getattr(model.config, "max_position_embeddings", None) or 0
+        max_length = cfg.model_max_length or int(positions) or 1 << 30
+        return cls(model, tokenizer, policy_tokenizer, batch_size=cfg.model_batch_size, max_length=max_length,
+                   compute=compute)
+
+    def score(self, rows: Sequence[PromptRow], trajectories: Sequence[Trajectory], texts: Sequence[str]) -> list[float]:
+        """One score per response (rows[i] is the prompt of trajectories[i], texts[i] its decoded text)."""
+        assert len(rows) == len(trajectories) == len(texts), (len(rows), len(trajectories), len(texts))
+        inputs = [self.input_ids(r, t, text) for r, t, text in zip(rows, trajectories, texts)]
+        order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
+        scores = [0.0] * len(inputs)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            for i, s in zip(chunk, self._run(self._forward, [inputs[i] for i in chunk])):
+                scores[i] = s
+        return scores
+
+    def input_ids(self, row: PromptRow, traj: Trajectory, text: str) -> list[int]:
+        """What the classifier reads for one response (module docstring), its last max_length tokens."""
+        if not self.retemplate:
+            ids = [*traj.prompt_ids, *traj.response_ids]
+        elif row.messages and getattr(self.tokenizer, "chat_template", None):
+            messages = [*row.messages, {"role": "assistant", "content": text}]
+            ids = _token_ids(self.tokenizer.apply_chat_template(messages, tokenize=True))
+        else:
+            prompt = row.text or "\n".join(m["content"] for m in row.messages)
+            ids = _token_ids(self.tokenizer(prompt + text))
+        return ids[-self.max_length:]
+
+    def _run(self, fn: Callable[[T], list[float]], arg: T) -> list[float]:
+        return self.compute.submit(fn, arg).result() if self.compute is not None else fn(arg)
+
+    def _forward(self, batch: list[list[int]]) -> list[float]:
+        import torch
+
+        device = next(self.model.parameters()).device
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)  # (B, T), right-padded
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, ids in enumerate(batch):
+            input_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[row, :len(ids)] = 1
+        try:
+            with torch.no_grad():
+                logits = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
+        except torch.OutOfMemoryError:
+            raise ConfigError(f"reward.model_batch_size={self.batch_size}: a batch of {len(batch)} x {width} "
+                              "tokens does not fit in the reward model's device memory; lower it") from None
+        return [float(v) for v in logits[:, 0].float().cpu()]
+
+
+def _token_ids(encoded: Any) -> list[int]:
+    """Ids from a tokenizer call or `apply_chat_template(tokenize=True)`: a BatchEncoding
+    (transformers 5) or a list (4.x)."""
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    return [int(i) for i in ids]
