@@ -372,7 +372,7 @@ def test_config_prints_every_key_with_its_doc(capsys: pytest.CaptureFixture[str]
 
 @pytest.mark.parametrize(("arg", "fix"), [
     ("trainer.val_only=True", "run `asyncrl eval`"),
-    ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn (tool-calling) rollouts are not built yet"),
+    ("actor_rollout_ref.rollout.multi_turn.interaction_config_path=x.yaml", "rollout.multi_turn.episode"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "asyncrl has no sequence parallelism"),
     ("data.prompt_key=question", "asyncrl always runs it as 'prompt'"),
 ])
@@ -390,6 +390,18 @@ def test_a_key_that_changes_training_is_refused_by_train_and_named_by_sim(
         load_config(None, [model, arg])  # sim and config plan the recipe as if it were unset
     assert any(r.getMessage().startswith("verl keys that change what is trained") and key in r.getMessage()
                for r in caplog.records)
+
+
+def test_verls_multi_turn_keys_map() -> None:
+    mt = "actor_rollout_ref.rollout.multi_turn."
+    cfg = load_config(None, [f"{mt}enable=True", f"{mt}max_assistant_turns=3", f"{mt}max_user_turns=null",
+                             f"{mt}tool_config_path=tools.yaml", f"{mt}format=hermes", f"{mt}max_parallel_calls=2",
+                             f"{mt}max_tool_response_length=100", f"{mt}tool_response_truncate_side=left"])
+    m = cfg.rollout.multi_turn
+    assert (m.enable, m.max_assistant_turns, m.tool_config_path, m.format) == (True, 3, "tools.yaml", "hermes")
+    assert (m.max_user_turns, m.max_parallel_calls, m.max_tool_response_length) == (1_000_000, 2, 100)
+    assert key_class(f"{mt}enable") == "mapped" and key_class(f"{mt}interaction_config_path") == "fixed"
+    assert key_class(f"{mt}tokenization_sanity_check_mode") == "knob"
 
 
 def test_verls_overlong_prompt_keys_map() -> None:

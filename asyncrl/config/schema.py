@@ -121,6 +121,8 @@ class MultiTurnConfig:
     """Tool/environment turns per episode at most (verl's max_user_turns)."""
     max_tool_calls: int = knob(8, ">= 0")
     """Tool calls per episode at most; a call past it becomes an error message to the model, counted."""
+    max_parallel_calls: int = knob(0, ">= 0", hint="0 = no limit")
+    """Tool calls run per model turn at most (verl's max_parallel_calls); the rest become error messages, counted."""
     max_tool_response_length: int = knob(256, ">= 1")
     """Characters of a tool's output kept (the rest cut and counted, as verl's)."""
     max_episode_tokens: int = knob(0, ">= 0", hint="0 = data.max_prompt_length + data.max_response_length")

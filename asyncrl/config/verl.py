@@ -51,6 +51,14 @@ def _off_is_zero(value: Any) -> Any:
     return 0 if value is None or (isinstance(value, int) and value < 0) else value
 
 
+NO_LIMIT = 1_000_000
+"""verl's null turn limits (none): the response budget ends an episode long before."""
+
+
+def _no_limit(value: Any) -> Any:
+    return NO_LIMIT if value is None else value
+
+
 def _not_null(value: Any) -> Any:
     if value is None:
         raise NotModelled
@@ -211,7 +219,18 @@ TABLE: dict[str, To] = {
     "reward_model.micro_batch_size": to("reward.model_batch_size", convert=_not_null, weak=True),  # verl's older one
     "reward_model.max_length": to("reward.model_max_length", convert=_off_is_zero),
     "trainer.val_only": always(False, fix="to score a model without training, run `asyncrl eval` with these arguments"),
-    R + "multi_turn.enable": always(False, fix="multi-turn (tool-calling) rollouts are not built yet; set it false"),
+    R + "multi_turn.enable": to("rollout.multi_turn.enable"),
+    R + "multi_turn.max_assistant_turns": to("rollout.multi_turn.max_assistant_turns", convert=_no_limit),
+    R + "multi_turn.max_user_turns": to("rollout.multi_turn.max_user_turns", convert=_no_limit),
+    R + "multi_turn.max_parallel_calls": to("rollout.multi_turn.max_parallel_calls"),
+    R + "multi_turn.tool_config_path": to("rollout.multi_turn.tool_config_path", convert=lambda v: v or ""),
+    R + "multi_turn.format": to("rollout.multi_turn.format"),
+    R + "multi_turn.max_tool_response_length": to("rollout.multi_turn.max_tool_response_length"),
+    R + "multi_turn.tool_response_truncate_side": always("left", fix="asyncrl keeps the head of a long tool output "
+                                                         "(verl's left); set it to left"),
+    R + "multi_turn.interaction_config_path": always(None, fix="interactions (a simulated user) are not built; write "
+                                                     "the environment as an episode: rollout.multi_turn.episode"),
+    R + "multi_turn.num_repeat_rollouts": always(None, fix="interactions are not built; drop the key"),
     "algorithm.use_pf_ppo": always(False, fix="PF-PPO's reweighted sampling is not built; set it false"),
     M + "lora_adapter_path": always(None, fix="start from the adapter merged into the model at model.path"),
     A + "loss_scale_factor": always(None, fix="asyncrl scales the loss by loss_agg_mode alone; drop the key"),

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from asyncrl.agents.build import episode_from_config, message_template_kwargs
+from asyncrl.agents.build import episode_from_config, message_template_kwargs, prompt_data
 from asyncrl.config.schema import Config
 from asyncrl.data import load_rows, make_task
 from asyncrl.data.held_out import prompt_rows, val_rows
@@ -43,7 +43,7 @@ from asyncrl.workers.trainer import PPOTrainer
 
 def load_data(cfg: Config, tok: PreTrainedTokenizerBase,
                log: Callable[[str], None]) -> tuple[list[PromptRow], list[PromptRow]]:
-    d = cfg.data
+    d = prompt_data(cfg.data, cfg.rollout.multi_turn, cfg.sandbox)  # the tool episode's prompts list its tools
 
     def prompts(rows: list[PromptRow], source: str) -> list[PromptRow]:
         return prompt_rows(rows, d, tok, source, log)
