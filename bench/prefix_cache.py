@@ -16,11 +16,13 @@ Modes:
 - keep: the cache on, each turn's entry pinned during the tool wait (`TorchEngine.pin`,
   `keep_slot=keep`) with a timeout of `--pin-s`.
 
-Reported per mode (the median wall time of `--repeats` runs, modes alternating): prompt tokens
-prefilled, prefix-cache hit tokens, entries evicted, wall time, and the mean time of a model
-turn (generate call to its result). With `--max-num-seqs` below the number of conversations,
-turns compete for slots: release loses entries to other conversations' turns, keep holds its
-slots through the wait. Writes bench/results/prefix_cache.json.
+Scenarios (`--scenarios`): "roomy", 32 slots for the 24 conversations (every entry fits beside
+the running turns); "pressure", 16 slots (turns compete for slots: release loses entries to other
+conversations' turns, keep holds its slots through the wait, and the turns it blocks wait);
+"slow_tools", 16 slots and tools of median 500 ms. Reported per scenario and mode (medians of
+`--repeats` runs, modes alternating): prompt tokens prefilled, prefix-cache hit tokens, entries
+evicted, wall time, and the mean time of a model turn (generate call to its result). Writes
+bench/results/prefix_cache.json.
 
     PYTHONPATH=. python bench/prefix_cache.py
 
@@ -43,12 +45,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import LlamaForCausalLM
 
 from asyncrl.rollout import EngineSettings, TorchEngine
 from asyncrl.types import GenerationRequest, SamplingParams
 from bench.engine import ForeignLoad, build_model
 
 MODES = ("none", "release", "keep")
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "roomy": dict(max_num_seqs=32),
+    "pressure": dict(max_num_seqs=16),
+    "slow_tools": dict(max_num_seqs=16, tool_ms=500.0),
+}
 
 
 def tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
@@ -76,8 +84,8 @@ async def conversation(eng: TorchEngine, i: int, mode: str, args: argparse.Names
     return turn_s
 
 
-def run_mode(model: torch.nn.Module, mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    vocab = int(model.config.vocab_size)
+def run_mode(model: LlamaForCausalLM, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    vocab = model.config.vocab_size
     system = tokens(random.Random(0), args.system, vocab)
     settings = EngineSettings(max_num_seqs=args.max_num_seqs, kv_budget_tokens=args.kv_budget, seed=0,
                               prefix_cache=mode != "none", num_threads=args.threads)
@@ -101,13 +109,13 @@ def run_mode(model: torch.nn.Module, mode: str, args: argparse.Namespace) -> dic
                 mean_turn_s=statistics.fmean(t for conv in turns for t in conv), foreign_cores=load.cores)
 
 
-def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summary(scenario: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per mode: the token counts (the same in every run but for eviction timing: the median) and
     the median wall time and turn time."""
     rows = []
     for mode in MODES:
         mine = [r for r in runs if r["mode"] == mode]
-        row: dict[str, Any] = {"mode": mode, "runs": len(mine)}
+        row: dict[str, Any] = {"scenario": scenario, "mode": mode, "runs": len(mine)}
         for key in ("wall_s", "mean_turn_s", "prefill_tokens", "prefix_hit_tokens", "evictions", "foreign_cores"):
             row[key] = statistics.median(r[key] for r in mine)
         rows.append(row)
@@ -115,11 +123,11 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    base = next(r for r in rows if r["mode"] == "none")
-    lines = ["| mode | prompt tokens prefilled | hit tokens | evictions | wall s | vs none | mean turn s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| scenario | mode | prompt tokens prefilled | hit tokens | evictions | wall s | vs none | mean turn s |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['mode']} | {r['prefill_tokens']:.0f} | {r['prefix_hit_tokens']:.0f} | "
+        base = next(b for b in rows if b["mode"] == "none" and b["scenario"] == r["scenario"])
+        lines.append(f"| {r['scenario']} | {r['mode']} | {r['prefill_tokens']:.0f} | {r['prefix_hit_tokens']:.0f} | "
                      f"{r['evictions']:.0f} | {r['wall_s']:.2f} | {r['wall_s'] / base['wall_s']:.2f}x | "
                      f"{r['mean_turn_s']:.3f} |")
     return "\n".join(lines)
@@ -136,20 +144,25 @@ def main() -> None:
     ap.add_argument("--tool-tokens", type=int, default=24)
     ap.add_argument("--tool-ms", type=float, default=50.0, help="median simulated tool time")
     ap.add_argument("--pin-s", type=float, default=5.0, help="keep: how long a pin holds at most")
-    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=16, help="overridden by each scenario")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of " + ", ".join(SCENARIOS))
     ap.add_argument("--kv-budget", type=int, default=16384)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (2 on a loaded 2-core machine oversubscribes)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (2 oversubscribe a loaded 2-core machine)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench/results/prefix_cache.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = build_model(args.model)
-    runs = []
-    for repeat in range(args.repeats):
-        for mode in MODES:
-            runs.append(run_mode(model, mode, args))
-            print(json.dumps(runs[-1]), flush=True)
-    rows = summary(runs)
+    runs, rows = [], []
+    for scenario in args.scenarios.split(","):
+        settings = argparse.Namespace(**(vars(args) | SCENARIOS[scenario]))
+        mine = []
+        for _ in range(args.repeats):
+            for mode in MODES:
+                mine.append(dict(scenario=scenario, **run_mode(model, mode, settings)))
+                print(json.dumps(mine[-1]), flush=True)
+        runs += mine
+        rows += summary(scenario, mine)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(torch=torch.__version__, python=platform.python_version(), cpus=os.cpu_count(), args=vars(args))
