@@ -21,15 +21,17 @@ What it takes, and what it does with it:
   config;
 - `reward_funcs`: TRL-signature functions (`asyncrl.rewards.batch_functions`), or 'module:fn'
   names; `reward_weights` their weights. A function importable by name is named so and runs
-  wherever the reward worker runs; any other callable (a lambda, a closure, one defined in a
-  notebook or script) runs in a thread pool of this process, which needs `backend=local` (the
-  default).
+  where the other reward work runs, the reward worker's process pool; any other callable (a
+  lambda, a closure, one defined in a notebook or a script's `__main__`) runs in a thread pool of
+  this process, on every backend (a reward worker in another process calls it here,
+  `asyncrl.rewards.driver_calls`).
 
 It runs `asyncrl train`'s own path (preflight, then the pipeline); nothing here is a second loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import importlib
@@ -43,7 +45,7 @@ from asyncrl.config.load import load_train_config
 from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError, DataError
 from asyncrl.models.cache import cache_dir
-from asyncrl.rewards.batch_functions import register_callable
+from asyncrl.rewards.batch_functions import register_callable, serve_from_driver
 
 TRL_KEYS = {
     "learning_rate": "actor.lr", "lr_scheduler_type": "actor.lr_scheduler", "warmup_ratio": "actor.warmup_ratio",
@@ -77,10 +79,11 @@ class Trainer:
         for key, dataset in (("data.train_files", train_dataset), ("data.val_files", eval_dataset)):
             if dataset is not None:
                 settings[key] = [str(dataset_file(dataset, key))]
-        self.cfg: Config = load_train_config(None, [f"{k}={json.dumps(v)}" for k, v in settings.items()])
-        if self.cfg.backend != "local" and any(s.startswith("driver:") for s in self.cfg.reward.functions):
-            raise ConfigError(f"backend={self.cfg.backend}: a reward function that is not importable by name runs "
-                              f"only in this process; use backend=local, or define it in a module")
+        cfg = load_train_config(None, [f"{k}={json.dumps(v)}" for k, v in settings.items()])
+        if cfg.backend != "local":  # the reward worker runs elsewhere: it calls this process's callables here
+            functions = serve_from_driver(cfg.reward.functions, driver_host(cfg.backend))
+            cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, functions=functions))
+        self.cfg: Config = cfg
 
     def train(self) -> Path:
         """Train as `asyncrl train` would with this config; returns the run's output directory."""
@@ -95,6 +98,15 @@ class Trainer:
         ctx = build_context(self.cfg)
         run_pipeline(ctx)
         return Path(ctx.output_dir)
+
+
+def driver_host(backend: str) -> str:
+    """The address reward workers reach this process on: this machine's, or its cluster IP under Ray."""
+    if backend != "ray":
+        return "127.0.0.1"
+    import ray.util  # the ray backend has it
+
+    return str(ray.util.get_node_ip_address())
 
 
 def trl_settings(trl_args: Mapping[str, Any]) -> dict[str, Any]:

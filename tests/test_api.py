@@ -4,6 +4,7 @@ config, TRL-format rows become a verl-layout file, TRL reward functions score a 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from asyncrl.data.dataset import load_rows
 from asyncrl.data.tasks import make_task
 from asyncrl.errors import ConfigError, DataError
 from asyncrl.rewards.batch_functions import trl_arguments
+from asyncrl.rewards.driver_calls import RemoteFunction
+from tests.trl_rewards import pid_reward
 
 
 @pytest.fixture(autouse=True)
@@ -37,12 +40,15 @@ def test_grpo_config_names_and_dotted_keys_make_the_config() -> None:
         Trainer(train_dataset=[{"prompt": "x"}], num_generation=4)
 
 
-def test_a_lambda_runs_in_this_process_only() -> None:
-    spec = function_spec(lambda prompts, completions, **_: [0.0] * len(prompts))
-    assert spec.startswith("driver:")
-    with pytest.raises(ConfigError, match="backend=processes: a reward function that is not importable by name"):
-        Trainer(reward_funcs=lambda prompts, completions, **_: [], train_dataset=[{"prompt": "x"}],
-                config={"backend": "processes"})
+def test_a_lambda_is_served_from_this_process_to_workers_elsewhere() -> None:
+    fn = lambda prompts, completions, **_: [0.5] * len(prompts)  # noqa: E731 - the case under test
+    assert function_spec(fn).startswith("driver:") and function_spec(pid_reward) == "tests.trl_rewards:pid_reward"
+    local = Trainer(reward_funcs=[fn, pid_reward], train_dataset=[{"prompt": "x"}])
+    assert local.cfg.reward.functions[0].startswith("driver:") and "@" not in local.cfg.reward.functions[0]
+    served = Trainer(reward_funcs=fn, train_dataset=[{"prompt": "x"}], config={"backend": "processes"})
+    spec = served.cfg.reward.functions[0]
+    assert spec.startswith("driver:") and "@127.0.0.1:" in spec  # the driver's address, for a worker
+    assert RemoteFunction(spec)(prompts=["a", "b"], completions=["c", "d"]) == [0.5, 0.5]  # over the socket
 
 
 def test_rows_keep_their_format_and_columns() -> None:
@@ -59,22 +65,31 @@ def test_rows_keep_their_format_and_columns() -> None:
         Trainer(train_dataset=[{"prompt": "x", "blob": b"\x00"}])
 
 
-def test_a_trl_reward_function_scores_a_training_run(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_trl_reward_functions_score_a_run_in_processes(tmp_path: Path) -> None:
+    """backend=processes: the closure runs here, in the driver (it fills `seen` in this process); the
+    importable function in the reward pool, a process of the rollout worker's process."""
     seen: list[dict[str, Any]] = []
 
     def right(prompts: list[Any], completions: list[Any], answer: list[str], **columns: Any) -> list[float]:
-        seen.append({"prompts": prompts, "completions": completions, "answer": answer, **columns})
+        seen.append({"prompts": prompts, "completions": completions, "answer": answer, "pid": os.getpid(), **columns})
         return [float(c[0]["content"].strip() == a) for c, a in zip(completions, answer)]
 
-    rows = [{"prompt": list(r.messages), "answer": r.ground_truth} for r in make_task("arithmetic", 16)]
-    out = Trainer(reward_funcs=right, train_dataset=rows, max_steps=2, num_generations=4,
-                          max_completion_length=8, output_dir=str(tmp_path / "run"), report_to=["jsonl"],
-                          config={"data.train_batch_size": 4, "actor.ppo_mini_batch_size": 4, "trainer.test_freq": 0,
-                                  "trainer.val_before_train": False, "num_threads": 1}).train()
+    pids = tmp_path / "pids.txt"
+    rows = [{"prompt": list(r.messages), "answer": r.ground_truth, "pid_log": str(pids)}
+            for r in make_task("arithmetic", 16)]
+    out = Trainer(reward_funcs=[right, pid_reward], train_dataset=rows, max_steps=1, num_generations=4,
+                  max_completion_length=8, output_dir=str(tmp_path / "run"), report_to=["jsonl"],
+                  config={"backend": "processes", "data.train_batch_size": 4, "actor.ppo_mini_batch_size": 4,
+                          "trainer.test_freq": 0, "trainer.val_before_train": False, "num_threads": 1,
+                          "rollout.num_cpus": 1, "trainer.num_cpus": 1}).train()
     assert out == tmp_path / "run"
-    assert len(seen) == 2 and len(seen[0]["prompts"]) == 16  # once per step's batch: 4 prompts x 4 responses
+    assert len(seen) == 1 and len(seen[0]["prompts"]) == 16  # once per step's batch: 4 prompts x 4 responses
+    assert {s["pid"] for s in seen} == {os.getpid()}  # the closure: in the driver
+    pool = [tuple(map(int, line.split())) for line in pids.read_text().splitlines()]
+    assert len(pool) == 1 and all(os.getpid() not in pair for pair in pool)  # neither the driver nor its child
     assert seen[0]["completions"][0][0]["role"] == "assistant" and seen[0]["prompts"][0][0]["role"] == "user"
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics if "critic/score/mean" in m] == [1, 2]
+    assert [m["step"] for m in metrics if "critic/score/mean" in m] == [1]
     expected = sum(float(c[0]["content"].strip() == a) for c, a in zip(seen[0]["completions"], seen[0]["answer"]))
     assert metrics[0]["critic/score/mean"] == pytest.approx(expected / 16, abs=1e-12)

@@ -1,12 +1,16 @@
 """TRL-signature reward functions: `f(prompts, completions, **columns) -> list[float | None]`.
 
 `reward.functions` names them ('module:fn' or 'file.py:fn', importable in any process) or, from
-the Python API (`asyncrl.api.Trainer`), refers to callables registered in this process
+the Python API (`asyncrl.api.Trainer`), refers to callables registered in the driver process
 (`register_callable`: a lambda, a closure, a function defined in a notebook), which exist only
-here: such a run must keep its reward worker in this process (`backend=local`).
+there: entries "driver:<name>#<id>", with the address of the driver's `DriverServer` appended
+(`serve_from_driver`) when the reward worker runs in another process.
 
-`BatchFunctions.score(rows, texts)` calls every function once per batch, as TRL does, in a thread
-pool of the reward worker's process, with TRL's arguments: `prompts` (the row's raw text, or its
+`BatchFunctions.score(rows, texts)` calls every function once per batch, as TRL does: an
+importable one in the reward worker's process pool (`RewardPool.run_batch`: its own process,
+killed past its deadline, as the verl-signature scorers), a driver callable in a thread pool of the
+driver (directly when the reward worker is the driver's, else through its `DriverServer`). Each
+gets TRL's arguments: `prompts` (the row's raw text, or its
 messages for a conversational row), `completions` (the text, or `[{"role": "assistant",
 "content": text}]` for a conversational row), and one list per dataset column (the row's
 `extra_info` entries, plus `ground_truth` and `data_source`). The reward is TRL's: the weighted
@@ -14,9 +18,10 @@ sum over functions (`reward.function_weights`, default 1 each), a function's Non
 not apply" (skipped); a response every function skipped scores 0 with status "invalid". A
 function that raises, returns the wrong number of values or a non-number fails its batch (score
 0, status "error", counted); one still running after `reward.timeout_s` fails it with status
-"timeout" (a thread cannot be killed: it runs on, and the pool grows by one thread).
+"timeout" (in the pool its process is killed; a driver callable's thread cannot be, and runs on).
 
-Not here: the per-response verl-signature scorers and their process pool (`pool.py`).
+Not here: the per-response verl-signature scorers and the process pool (`pool.py`), the driver's
+server (`driver_calls.py`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, cast
 
 from asyncrl.errors import ConfigError
-from asyncrl.rewards.registry import RewardResult, RewardStatus, load_custom_function
+from asyncrl.rewards.driver_calls import DriverServer, RemoteFunction
+from asyncrl.rewards.pool import BatchCall, RewardPool
+from asyncrl.rewards.registry import RewardResult, load_custom_function
 from asyncrl.types import PromptRow
 
 BatchFn = Callable[..., Sequence[float | None]]
@@ -37,6 +44,7 @@ DRIVER_PREFIX = "driver:"
 """`reward.functions` entries naming a callable registered in this process."""
 
 _CALLABLES: dict[str, BatchFn] = {}
+_SERVERS: dict[str, DriverServer] = {}  # by host
 _LOCK = threading.Lock()
 
 
@@ -48,63 +56,93 @@ def register_callable(fn: BatchFn) -> str:
     return name
 
 
+def serve_from_driver(specs: Sequence[str], host: str = "127.0.0.1") -> tuple[str, ...]:
+    """The entries, each callable of this process given the address of a server (started on first
+    use, listening on `host`) through which reward workers in other processes call it here."""
+    if not any(s.startswith(DRIVER_PREFIX) for s in specs):
+        return tuple(specs)
+    with _LOCK:
+        server = _SERVERS.get(host) or _SERVERS.setdefault(host, DriverServer(host, _registered))
+    return tuple(server.spec(s) if s.startswith(DRIVER_PREFIX) else s for s in specs)
+
+
+def _registered(spec: str) -> BatchFn | None:
+    with _LOCK:
+        return _CALLABLES.get(spec.split("@", 1)[0])
+
+
 def resolve(spec: str) -> BatchFn:
-    """The function a `reward.functions` entry names (ConfigError naming the key if it cannot be had)."""
+    """The function a `reward.functions` entry names (ConfigError naming the key if it cannot be had):
+    in the driver a registered callable itself, elsewhere a `RemoteFunction` calling it there."""
     if spec.startswith(DRIVER_PREFIX):
-        with _LOCK:
-            fn = _CALLABLES.get(spec)
-        if fn is None:
-            raise ConfigError(f"reward.functions: {spec} is a Python callable of another process; it can run only "
-                              f"where it was defined: use backend=local, or name an importable 'module:fn'")
-        return fn
+        fn = _registered(spec)
+        if fn is not None:
+            return fn
+        if "@" in spec:
+            return RemoteFunction(spec)
+        raise ConfigError(f"reward.functions: {spec} is a Python callable of another process; it runs only "
+                          f"in the process that defined it: build the run with asyncrl.Trainer there, or name "
+                          f"an importable 'module:fn'")
     return cast(BatchFn, load_custom_function(spec))  # the same import rule, another signature
 
 
 def function_name(spec: str) -> str:
-    """The detail key of a function's score: its name without module or id."""
-    return spec.removeprefix(DRIVER_PREFIX).rsplit("#", 1)[0].rpartition(":")[2].rsplit(".", 1)[-1]
+    """The detail key of a function's score: its name without module, id or address."""
+    return spec.split("@", 1)[0].removeprefix(DRIVER_PREFIX).rsplit("#", 1)[0].rpartition(":")[2].rsplit(".", 1)[-1]
 
 
 class BatchFunctions:
     """The weighted sum of TRL-signature functions, each called once per batch (see the module docstring)."""
 
-    def __init__(self, specs: Sequence[str], weights: Sequence[float], timeout_s: float) -> None:
+    def __init__(self, specs: Sequence[str], weights: Sequence[float], timeout_s: float,
+                 pool: RewardPool | None = None) -> None:
+        """`pool`: the reward worker's process pool, where importable functions run (without one,
+        in this process's threads)."""
         if weights and len(weights) != len(specs):
             raise ConfigError(f"reward.function_weights has {len(weights)} weights for {len(specs)} "
                               f"reward.functions; give one per function, or none")
-        self.fns = [resolve(s) for s in specs]
+        self.specs = list(specs)
+        self.fns = [resolve(s) for s in specs]  # resolved here too: a wrong name fails before any call
+        self.in_pool = [pool is not None and not s.startswith(DRIVER_PREFIX) for s in specs]
         self.names = [function_name(s) for s in specs]
         self.weights = list(weights) or [1.0] * len(specs)
         self.timeout_s = timeout_s
+        self.pool = pool
         self._threads = ThreadPoolExecutor(max_workers=max(len(specs), 1), thread_name_prefix="asyncrl-reward-fn")
 
     def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> list[RewardResult]:
         """One result per (row, text): the weighted sum of the functions' values."""
         kwargs = trl_arguments(rows, texts)
-        futures = [self._threads.submit(fn, **kwargs) for fn in self.fns]
+        futures = [self._threads.submit(self._call, i, kwargs) for i in range(len(self.fns))]
         columns: list[list[float | None]] = []
-        for name, future in zip(self.names, futures):
-            values = self._values(name, future, len(texts))
-            if isinstance(values, str):
-                status: RewardStatus = "timeout" if values.startswith("timeout") else "error"
-                return [RewardResult(0.0, status=status, error=values) for _ in texts]
+        for i, future in enumerate(futures):
+            values = self._values(i, future)
+            if isinstance(values, RewardResult):
+                return [values for _ in texts]
             columns.append(values)
         return [self._combine([c[i] for c in columns]) for i in range(len(texts))]
 
-    def _values(self, name: str, future: Future[Any], n: int) -> list[float | None] | str:
-        """The function's n values, or the one-line reason its batch fails."""
+    def _call(self, i: int, kwargs: dict[str, list[Any]]) -> list[float | None] | str | RewardResult:
+        """Function i's checked values, the one-line reason they are wrong, or the pool's failure."""
+        if self.in_pool[i]:
+            assert self.pool is not None
+            reply = self.pool.run_batch(BatchCall(self.specs[i], kwargs))
+            return reply if isinstance(reply, list) else reply.result
+        return batch_values(self.names[i], self.fns[i](**kwargs), len(kwargs["prompts"]))
+
+    def _values(self, i: int, future: Future[Any]) -> list[float | None] | RewardResult:
+        """Function i's values, or the failed result of its whole batch. The pool keeps its own deadline."""
+        name = self.names[i]
         try:
-            values = future.result(timeout=self.timeout_s)
+            values = future.result(timeout=None if self.in_pool[i] else self.timeout_s)
         except FutureTimeout:
-            return f"timeout: reward function {name} still running after {self.timeout_s:g} s (reward.timeout_s)"
+            return RewardResult(0.0, status="timeout", error=f"timeout: reward function {name} still running "
+                                                             f"after {self.timeout_s:g} s (reward.timeout_s)")
         except Exception as exc:  # noqa: BLE001 - a user's function may raise anything
-            return f"reward function {name} raised {type(exc).__name__}: {exc}"
-        if not isinstance(values, Sequence) or len(values) != n:
-            return f"reward function {name} returned {_describe(values)}, not a list of {n} values"
-        bad = [v for v in values if not _number_or_none(v)]
-        if bad:
-            return f"reward function {name} returned {bad[0]!r}, not a finite number or None"
-        return [None if v is None else float(v) for v in values]
+            return RewardResult(0.0, status="error", error=f"reward function {name} raised {type(exc).__name__}: {exc}")
+        if isinstance(values, str):
+            return RewardResult(0.0, status="error", error=values)
+        return cast("list[float | None] | RewardResult", values)
 
     def _combine(self, values: list[float | None]) -> RewardResult:
         applied = [(w, v) for w, v in zip(self.weights, values) if v is not None]
@@ -115,6 +153,16 @@ class BatchFunctions:
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+def batch_values(name: str, values: Any, n: int) -> list[float | None] | str:
+    """A function's n values as floats (None kept), or the one-line reason they are not that."""
+    if not isinstance(values, Sequence) or isinstance(values, str) or len(values) != n:
+        return f"reward function {name} returned {_describe(values)}, not a list of {n} values"
+    bad = [v for v in values if not _number_or_none(v)]
+    if bad:
+        return f"reward function {name} returned {bad[0]!r}, not a finite number or None"
+    return [None if v is None else float(v) for v in values]
 
 
 def trl_arguments(rows: Sequence[PromptRow], texts: Sequence[str]) -> dict[str, list[Any]]:

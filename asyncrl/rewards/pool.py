@@ -2,7 +2,9 @@
 
 `RewardPool(num_workers, timeout_s, custom_function, sandbox)` keeps up to `num_workers` worker processes
 (started on first use). `run(calls)` hands each idle worker a chunk of the calls and waits at most
-`timeout_s` for each call's answer. Past that deadline the worker and every process it started get
+`timeout_s` for each call's answer. `run_batch(call)` runs one TRL-signature function over a batch
+(`BatchCall`, see `batch_functions.py`) on a worker the same way: same deadline, same kill.
+Past that deadline the worker and every process it started get
 SIGKILL (its process group, plus descendants in a session of their own, like the code scorer's
 subprocess) and the call is "timeout"; a fresh worker takes the slot on its next call. A worker
 that dies mid-call (segfault, `os._exit`, the OOM killer) is replaced and the call retried once;
@@ -37,11 +39,12 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.rewards.registry import RewardFn, known_data_sources, resolve_reward_fn
@@ -52,6 +55,19 @@ from asyncrl.rewards.sandbox import to_env
 START_TIMEOUT_S = 60.0
 """A worker must import the reward functions and report ready within this (the built-ins take ~0.3 s)."""
 _BOOT = "import sys; from asyncrl.rewards.pool import worker_main; worker_main(int(sys.argv[1]), sys.argv[2])"
+
+
+class BatchCall(NamedTuple):
+    """One TRL-signature function, named 'module:fn' (`spec`), called once with a batch's keyword arguments."""
+
+    spec: str
+    kwargs: dict[str, Any]
+
+
+Values = list[float | None]
+Reply = Outcome | Values
+"""A worker's answer: an Outcome for a RewardCall (or a failed BatchCall), the values of a BatchCall."""
+Call = RewardCall | BatchCall
 
 
 class RewardPool:
@@ -82,11 +98,16 @@ class RewardPool:
         if not calls:
             return []
         size = -(-len(calls) // self.num_workers)
-        chunks = [list(calls[i : i + size]) for i in range(0, len(calls), size)]
-        return [o for outcomes in self._threads.map(self._run_chunk, chunks) for o in outcomes]
+        chunks: list[list[Call]] = [list(calls[i : i + size]) for i in range(0, len(calls), size)]
+        return [cast(Outcome, o) for outcomes in self._threads.map(self._run_chunk, chunks) for o in outcomes]
 
     def run_one(self, call: RewardCall) -> Outcome:
         """One call on an idle worker (waits for one); never raises for a failing reward."""
+        return cast(Outcome, self._run_chunk([call])[0])
+
+    def run_batch(self, call: BatchCall) -> Reply:
+        """A TRL function's values over a batch, from an idle worker (waits for one), or the failed
+        Outcome that says why not (it raised, returned nonsense, timed out or killed its worker)."""
         return self._run_chunk([call])[0]
 
     def pids(self) -> list[int]:
@@ -109,11 +130,11 @@ class RewardPool:
             self._forget(worker)
             self._slots.put(None)  # a call waiting for a slot then fails fast in _start
 
-    def _run_chunk(self, calls: list[RewardCall]) -> list[Outcome]:
+    def _run_chunk(self, calls: list[Call]) -> list[Reply]:
         """Each call's outcome, the calls sent to one worker at once. Where a call times out, its
         worker is replaced and the rest go on; where the worker dies, that call is retried once
         alone and the rest go on."""
-        outcomes: list[Outcome] = []
+        outcomes: list[Reply] = []
         while calls:
             done, cut = self._attempt_chunk(calls)
             outcomes += done
@@ -123,7 +144,7 @@ class RewardPool:
                 calls = calls[1:]
         return outcomes
 
-    def _retry(self, call: RewardCall, death: str) -> Outcome:
+    def _retry(self, call: Call, death: str) -> Reply:
         """A call whose worker died under it, once more on a fresh one (it may not be its fault)."""
         if self._closed:
             return failed("error", death)
@@ -132,11 +153,11 @@ class RewardPool:
         assert outcome is not None, "a chunk of one call ends in an outcome or a death"
         return failed("error", outcome + " (on the retry too)") if isinstance(outcome, str) else outcome
 
-    def _attempt_chunk(self, calls: list[RewardCall]) -> tuple[list[Outcome], Outcome | str | None]:
+    def _attempt_chunk(self, calls: list[Call]) -> tuple[list[Reply], Reply | str | None]:
         """The outcomes of the leading calls that completed, and how the next one ended its
         worker (a "timeout" outcome, or the death as text), or None when all completed."""
         worker = self._slots.get()
-        done: list[Outcome] = []
+        done: list[Reply] = []
         try:
             if worker is not None and worker.proc.poll() is not None:
                 self._forget(worker)
@@ -156,7 +177,7 @@ class RewardPool:
                 worker = None
             self._slots.put(worker)
 
-    def _timed_out(self, call: RewardCall) -> Outcome:
+    def _timed_out(self, call: Call) -> Outcome:
         return failed("timeout", f"reward function still running after {deadline_s(call, self.timeout_s):g} s "
                                  f"(reward.timeout_s); its process was killed")
 
@@ -185,9 +206,11 @@ class RewardPool:
         worker.conn.close()
 
 
-def deadline_s(call: RewardCall, timeout_s: float) -> float:
+def deadline_s(call: Call, timeout_s: float) -> float:
     """A call's deadline: reward.timeout_s, or longer where the caller declared that the call may
     legitimately take longer (`extra_info["reward_deadline_s"]`: the adaptive code timeouts)."""
+    if isinstance(call, BatchCall):
+        return timeout_s
     return max(timeout_s, float(call.extra_info.get("reward_deadline_s", 0.0)))
 
 
@@ -214,7 +237,7 @@ class _Worker:
                               f"(importing the reward functions)")
         self._recv()  # "ready"
 
-    def call_many(self, calls: list[RewardCall], timeouts_s: list[float]) -> Iterator[Outcome]:
+    def call_many(self, calls: list[Call], timeouts_s: list[float]) -> Iterator[Reply]:
         """Each call's answer as it comes, call i given `timeouts_s[i]` from call i-1's answer;
         past it the worker is killed and TimeoutError raised; _WorkerDied if it dies."""
         try:
@@ -227,9 +250,9 @@ class _Worker:
                 raise TimeoutError
             yield self._recv()
 
-    def _recv(self) -> Outcome:
+    def _recv(self) -> Reply:
         try:
-            reply: Outcome = self.conn.recv()
+            reply: Reply = self.conn.recv()
         except (EOFError, OSError):
             raise _WorkerDied(self._death()) from None
         return reply
@@ -343,11 +366,27 @@ def worker_main(fd: int, custom_function: str) -> None:
     conn.send("ready")
     while True:
         try:
-            calls: list[RewardCall] = conn.recv()
+            calls: list[Call] = conn.recv()
         except EOFError:
             return
         for call in calls:  # one answer per call, as each ends
-            conn.send(call_reward(functools.partial(score, call)))
+            if isinstance(call, BatchCall):
+                conn.send(_batch_values(call))
+            else:
+                conn.send(call_reward(functools.partial(score, call)))
+
+
+def _batch_values(call: BatchCall) -> Reply:
+    """A TRL function's checked values, or the failed Outcome saying why (in the worker)."""
+    from asyncrl.rewards.batch_functions import batch_values, function_name, resolve  # not needed by most pools
+
+    name = function_name(call.spec)
+    try:
+        values = batch_values(name, resolve(call.spec)(**call.kwargs), len(call.kwargs["prompts"]))
+    except BaseException as exc:  # noqa: BLE001 - SystemExit included: the worker must survive it
+        return failed("error", f"reward function {name} raised {type(exc).__name__}: {exc}",
+                      "".join(traceback.format_exception(exc)))
+    return failed("error", values) if isinstance(values, str) else values
 
 
 def _die_with_parent(parent: int) -> None:

@@ -67,7 +67,8 @@ class RewardWorker:
         self.stats = RewardStats()
         self.failures = FailureWindow(cfg.max_failure_ratio, window)
         self.pool = RewardPool(cfg.num_workers, cfg.timeout_s, cfg.custom_function, sandbox)
-        self.functions = BatchFunctions(cfg.functions, cfg.function_weights, cfg.timeout_s) if cfg.functions else None
+        self.functions = BatchFunctions(cfg.functions, cfg.function_weights, cfg.timeout_s, self.pool) \
+            if cfg.functions else None
         self.code_timeouts = CodeTimeouts(scheduler) if scheduler is not None and scheduler.enable else None
         self.overlong_max_len = cfg.overlong_max_len or max_response_length
         self.reward_model = reward_model

@@ -3,12 +3,15 @@ a None skipped, a failing function failing its batch as a counted status, never 
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from asyncrl.errors import ConfigError
+from asyncrl.rewards import RewardPool
 from asyncrl.rewards.batch_functions import BatchFunctions, function_name, register_callable, resolve, trl_arguments
 from asyncrl.types import PromptRow
 
@@ -76,3 +79,27 @@ def test_names_resolve_importable_functions_and_callables_of_this_process_only()
         resolve("driver:gone#1")
     with pytest.raises(ConfigError, match="reward.function_weights has 1 weights for 2 reward.functions"):
         BatchFunctions([name, name], (1.0,), 1.0)
+
+
+def test_an_importable_function_runs_in_the_reward_pool_and_a_driver_callable_here(tmp_path: Path) -> None:
+    pids = tmp_path / "pids.txt"
+    row = PromptRow("train-2", "trl", (), "7", extra_info={"pid_log": str(pids)}, text="3+4=")
+    here: list[int] = []
+
+    def ones(prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
+        here.append(os.getpid())
+        return [1.0] * len(prompts)
+
+    driver = register_callable(ones)
+    pool = RewardPool(num_workers=1, timeout_s=30.0)
+    try:
+        fns = BatchFunctions(["tests.trl_rewards:pid_reward", driver], (), 30.0, pool)
+        results = fns.score([row, row], ["7", "8"])
+        assert [(r.score, r.status) for r in results] == [(1.0, "ok")] * 2
+        (pid, parent), = [tuple(map(int, line.split())) for line in pids.read_text().splitlines()]
+        assert pid in pool.pids() and pid != os.getpid() and parent == os.getpid()  # a pool worker of ours
+        assert here == [os.getpid()]
+        wrong = BatchFunctions(["asyncrl.rewards.batch_functions:trl_arguments"], (), 30.0, pool).score([row], ["7"])
+        assert wrong[0].status == "error" and "reward function trl_arguments raised TypeError" in wrong[0].error
+    finally:
+        pool.close()
