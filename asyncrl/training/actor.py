@@ -121,9 +121,9 @@ def _counts(batch: TrainBatch) -> dict[str, float]:
 
 
 def _trained(batch: TrainBatch, values: torch.Tensor) -> torch.Tensor:
-    """`values` (B, T) with 0 at the tokens not trained: what sits there (a tool token's log-prob,
-    even NaN) then reaches no gradient through a term that `agg_loss` masks afterwards."""
-    return torch.where(batch.loss_mask.bool(), values, 0.0)
+    """`values` (B, T) with 0 at the tool tokens: what sits there (even NaN) then reaches no
+    gradient through a term that `agg_loss` masks afterwards. Single turn: `values` as they are."""
+    return torch.where(batch.loss_mask.bool(), values, 0.0) if batch.has_context_tokens else values
 
 
 def _f64(value: torch.Tensor | float) -> torch.Tensor | float:
