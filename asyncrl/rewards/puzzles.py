@@ -9,6 +9,8 @@
   (0.1, as in verl's countdown example); anything else 0.0.
 - longtail: 1.0 if the stripped response is exactly the expected string; a response made only
   of the right letter but of length n != k gets 0.5 * max(0, 1 - |n - k| / k); otherwise 0.0.
+- long_addition: 1.0 if the integer right after the last "Answer:" equals the sum, else 0.0 (a
+  tool call and the tool's message may come before it: only the final answer counts).
 """
 
 from __future__ import annotations
@@ -107,3 +109,21 @@ def compute_longtail(data_source: str, solution_str: str, ground_truth: str,
                      extra_info: dict[str, Any] | None = None) -> dict[str, float]:
     """Registered for the built-in `longtail` task."""
     return longtail_score(solution_str, ground_truth)
+
+
+_FINAL_ANSWER = re.compile(r"Answer:\s*(-?\d+)")
+
+
+def long_addition_score(solution_str: str, ground_truth: str) -> dict[str, float]:
+    """Example (ground truth "579"): "Answer: 579" -> 1.0; "<tool_call>calculator 123+456</tool_call>579Answer: 579"
+    -> 1.0 (called_tool 1.0); "579" -> 0.0 (no final answer); "Answer: 578" -> 0.0."""
+    found = _FINAL_ANSWER.findall(solution_str)
+    correct = bool(found) and int(found[-1]) == int(ground_truth)
+    return {"score": float(correct), "acc": float(correct), "called_tool": float("<tool_call>" in solution_str)}
+
+
+@register("long_addition")
+def compute_long_addition(data_source: str, solution_str: str, ground_truth: str,
+                          extra_info: dict[str, Any] | None = None) -> dict[str, float]:
+    """Registered for the built-in `long_addition` task (the tiny-tools model's)."""
+    return long_addition_score(solution_str, ground_truth)

@@ -18,7 +18,7 @@ def test_deterministic_by_seed_and_split(task: str) -> None:
     assert make_task(task, 30, seed=4, split="test") != make_task(task, 30, seed=4)
 
 
-@pytest.mark.parametrize("task", ["arithmetic", "countdown", "code"])
+@pytest.mark.parametrize("task", ["arithmetic", "countdown", "code", "long_addition"])
 def test_train_and_test_prompts_are_disjoint(task: str) -> None:
     def prompts(split: str) -> set[str]:
         return {r.messages[0]["content"] for r in make_task(task, 200, split=split)}
@@ -66,3 +66,14 @@ def test_longtail_lengths_are_long_tailed_and_capped() -> None:
     assert 24 <= statistics.median(ks) <= 40 and max(ks) <= 512 and max(ks) > 200
     r = rows[0]
     assert r.messages[0]["content"] == f"Repeat the letter a {ks[0]} times." and r.ground_truth == "a" * ks[0]
+
+
+def test_long_addition_operands_have_the_asked_digits_and_the_truth_is_their_sum() -> None:
+    rows = make_task("long_addition", 200, min_digits=6, max_digits=9)
+    lengths = set()
+    for r in rows:
+        m = re.fullmatch(r"What is (\d+)\+(\d+)\?", r.messages[0]["content"])
+        assert m and r.data_source == "long_addition" and r.ground_truth == str(int(m[1]) + int(m[2]))
+        lengths |= {len(m[1]), len(m[2])}
+        assert not m[1].startswith("0") and not m[2].startswith("0")
+    assert lengths == {6, 7, 8, 9}

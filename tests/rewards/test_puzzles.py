@@ -1,4 +1,4 @@
-"""Scorers for the built-in tasks: arithmetic, countdown, longtail."""
+"""Scorers for the built-in tasks: arithmetic, countdown, longtail, long_addition."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from asyncrl.rewards.puzzles import compute_arithmetic, countdown_score, longtail_score
+from asyncrl.rewards.puzzles import compute_arithmetic, countdown_score, long_addition_score, longtail_score
 
 TRUTH = json.dumps({"target": 24, "numbers": [4, 6, 1]})
 
@@ -57,3 +57,16 @@ def test_countdown_reports_number_misuse() -> None:
 )
 def test_longtail(response: str, score: float) -> None:
     assert longtail_score(response, "aaaa")["score"] == pytest.approx(score, rel=0, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("response", "score", "called"),
+    [("Answer: 1111111", 1.0, 0.0),
+     ("<tool_call>calculator 123456+987655</tool_call>1111111Answer: 1111111", 1.0, 1.0),  # as decoded for the reward
+     ("<tool_call>calculator 123456+987655</tool_call>1111111Answer: 1111112", 0.0, 1.0),  # copied wrongly
+     ("<tool_call>calculator 123456+987655</tool_call>", 0.0, 1.0),  # no tool answered, no final answer
+     ("1111111", 0.0, 0.0), ("Answer: 11111110", 0.0, 0.0), ("Answer: 1111111 Answer: 2", 0.0, 0.0)],
+)
+def test_long_addition_reads_the_last_final_answer(response: str, score: float, called: float) -> None:
+    result = long_addition_score(response, "1111111")
+    assert result == {"score": score, "acc": score, "called_tool": called}

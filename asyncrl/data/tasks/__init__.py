@@ -14,6 +14,7 @@ from asyncrl.data.dataset import write_jsonl, write_parquet
 from asyncrl.data.tasks.arithmetic import make_arithmetic
 from asyncrl.data.tasks.code import make_code
 from asyncrl.data.tasks.countdown import make_countdown
+from asyncrl.data.tasks.long_addition import make_long_addition
 from asyncrl.data.tasks.longtail import make_longtail
 from asyncrl.types import PromptRow
 
@@ -24,6 +25,7 @@ TASKS: dict[str, TaskFn] = {
     "countdown": make_countdown,
     "code": make_code,
     "longtail": make_longtail,
+    "long_addition": make_long_addition,
 }
 
 
