@@ -26,7 +26,6 @@ server (`driver_calls.py`).
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,11 +36,10 @@ from asyncrl.errors import ConfigError
 from asyncrl.rewards.driver_calls import DriverServer, RemoteFunction
 from asyncrl.rewards.pool import BatchCall, RewardPool
 from asyncrl.rewards.registry import RewardResult, load_custom_function
+from asyncrl.rewards.trl_values import DRIVER_PREFIX, batch_values, function_name
 from asyncrl.types import PromptRow
 
 BatchFn = Callable[..., Sequence[float | None]]
-DRIVER_PREFIX = "driver:"
-"""`reward.functions` entries naming a callable registered in this process."""
 
 _CALLABLES: dict[str, BatchFn] = {}
 _SERVERS: dict[str, DriverServer] = {}  # by host
@@ -84,11 +82,6 @@ def resolve(spec: str) -> BatchFn:
                           f"in the process that defined it: build the run with asyncrl.Trainer there, or name "
                           f"an importable 'module:fn'")
     return cast(BatchFn, load_custom_function(spec))  # the same import rule, another signature
-
-
-def function_name(spec: str) -> str:
-    """The detail key of a function's score: its name without module, id or address."""
-    return spec.split("@", 1)[0].removeprefix(DRIVER_PREFIX).rsplit("#", 1)[0].rpartition(":")[2].rsplit(".", 1)[-1]
 
 
 class BatchFunctions:
@@ -155,16 +148,6 @@ class BatchFunctions:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
 
-def batch_values(name: str, values: Any, n: int) -> list[float | None] | str:
-    """A function's n values as floats (None kept), or the one-line reason they are not that."""
-    if not isinstance(values, Sequence) or isinstance(values, str) or len(values) != n:
-        return f"reward function {name} returned {_describe(values)}, not a list of {n} values"
-    bad = [v for v in values if not _number_or_none(v)]
-    if bad:
-        return f"reward function {name} returned {bad[0]!r}, not a finite number or None"
-    return [None if v is None else float(v) for v in values]
-
-
 def trl_arguments(rows: Sequence[PromptRow], texts: Sequence[str]) -> dict[str, list[Any]]:
     """TRL's keyword arguments for a batch: prompts, completions and one list per column."""
     prompts = [r.text or [dict(m) for m in r.messages] for r in rows]
@@ -173,13 +156,3 @@ def trl_arguments(rows: Sequence[PromptRow], texts: Sequence[str]) -> dict[str, 
     columns = {k: [r.extra_info.get(k) for r in rows] for k in keys}
     return {"prompts": prompts, "completions": completions, "ground_truth": [r.ground_truth for r in rows],
             "data_source": [r.data_source for r in rows], **columns}
-
-
-def _number_or_none(value: Any) -> bool:
-    if value is None:
-        return True
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _describe(value: Any) -> str:
-    return f"{len(value)} values" if isinstance(value, Sequence) and not isinstance(value, str) else repr(value)[:60]

@@ -41,16 +41,17 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple, cast
 
 from asyncrl.config.long_tail import SandboxConfig
-from asyncrl.rewards.registry import RewardFn, known_data_sources, resolve_reward_fn
+from asyncrl.rewards.registry import RewardFn, known_data_sources, load_custom_function, resolve_reward_fn
 from asyncrl.rewards.runner import Outcome, RewardCall, call_reward, failed
 from asyncrl.rewards.sandbox import ENV_VAR as SANDBOX_ENV
 from asyncrl.rewards.sandbox import to_env
+from asyncrl.rewards.trl_values import batch_values, function_name
 
 START_TIMEOUT_S = 60.0
 """A worker must import the reward functions and report ready within this (the built-ins take ~0.3 s)."""
@@ -378,11 +379,10 @@ def worker_main(fd: int, custom_function: str) -> None:
 
 def _batch_values(call: BatchCall) -> Reply:
     """A TRL function's checked values, or the failed Outcome saying why (in the worker)."""
-    from asyncrl.rewards.batch_functions import batch_values, function_name, resolve  # not needed by most pools
-
     name = function_name(call.spec)
     try:
-        values = batch_values(name, resolve(call.spec)(**call.kwargs), len(call.kwargs["prompts"]))
+        fn = cast(Callable[..., Any], load_custom_function(call.spec))  # TRL's signature, not RewardFn's
+        values = batch_values(name, fn(**call.kwargs), len(call.kwargs["prompts"]))
     except BaseException as exc:  # noqa: BLE001 - SystemExit included: the worker must survive it
         return failed("error", f"reward function {name} raised {type(exc).__name__}: {exc}",
                       "".join(traceback.format_exception(exc)))
