@@ -1,8 +1,8 @@
 """The critic worker (adv_estimator=gae): the policy's transformer body plus a scalar value head.
 
 Values are read at the positions that predict each response token (the state before it),
-matching verl, and trained on the trained (model) tokens only (`TrainBatch.loss_mask`: a
-multi-turn episode's tool text is context, as GAE skips it). Value loss with clipping comes
+matching verl; values and the value loss cover the model's tokens only (`TrainBatch.loss_mask`:
+a multi-turn episode's tool text is context, which GAE skips). Value loss with clipping comes
 from the pure `asyncrl.algorithms.value_loss`.
 With `use_remove_padding` the body runs on each micro-batch's rows packed into one sequence
 (`asyncrl.training.packing`), as the actor does. As in the actor, the micro-batch loop reads

@@ -84,17 +84,17 @@ def episode(request_id: str, prompt: list[int], turns: list[list[int]], tools: l
                       finish_reason="stop", reward=reward, loss_mask=mask)
 
 
-def episode_groups(seed: int = 0) -> list[Group]:
-    """Two prompts x 3 episodes of two model turns (1-3 tokens) around a tool message (2-4
-    tokens), and in the second group a single-turn response (empty loss mask) and an episode
-    that ends on tool text; rewards differ within each group."""
+def episode_groups(n_prompts: int = 2, seed: int = 0) -> list[Group]:
+    """Prompts x 3 episodes of two model turns (1-3 tokens) around a tool message (2-4 tokens),
+    and in the second group a single-turn response (empty loss mask) and an episode that ends on
+    tool text; rewards differ within each group."""
     g = torch.Generator().manual_seed(seed)
 
     def tokens(n: int) -> list[int]:
         return torch.randint(3, VOCAB, (n,), generator=g).tolist()
 
     groups = []
-    for p in range(2):
+    for p in range(n_prompts):
         prompt = tokens(2 + 3 * p)
         trajs = [episode(f"p{p}/{i}", prompt, [tokens(1 + (i + p) % 3), tokens(1 + i)], [tokens(2 + i)],
                          float(i % 2)) for i in range(3)]

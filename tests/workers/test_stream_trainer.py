@@ -21,7 +21,7 @@ from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.types import Group
 from asyncrl.workers.trainer import PPOTrainer
 from tests.tolerances import Lockstep, assert_same_steps
-from tests.training.helpers import gradient_terms, make_groups, tiny_lm
+from tests.training.helpers import episode_groups, gradient_terms, make_groups, tiny_lm
 
 LR = 1e-3
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"]
@@ -109,6 +109,22 @@ def test_streamed_step_equals_plain_step(mode: str, extra: dict[str, dict], orde
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
     assert stream.actor.version == plain.actor.version == 1
     assert stream.kl_ctrl.value == pytest.approx(plain.kl_ctrl.value, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_streamed_episodes_equal_the_plain_step(mode: str) -> None:
+    """Multi-turn episodes (tool text between turns): the chunks' counts are model tokens, as the
+    plain step's, so the streamed step and its metrics are the plain one's."""
+    groups = episode_groups(n_prompts=6)
+    plain, stream = make_trainer(mode, KL_AND_ENTROPY), make_trainer(mode, KL_AND_ENTROPY, micro_tokens=16)
+    lead, follow = lockstep(plain, stream)
+    want = asyncio.run(plain.train_groups(groups))
+    got = streamed(stream, chunks_of(groups))
+    assert_same_steps(lead.steps, follow.steps, [gradient_terms(plain.actor.cfg, tokens_of(groups))], LR)
+    assert set(got) == set(want) and "response_length/model_tokens/mean" in want
+    for key in want:
+        if not key.startswith(("timing_s/", "perf/")):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
 
 
 def test_accumulate_does_not_change_weights_and_a_second_batch_starts_afresh() -> None:
