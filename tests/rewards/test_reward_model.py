@@ -222,6 +222,39 @@ def test_a_policy_trained_on_the_reward_model_alone_raises_its_rule_score(
     first = [s for step in (1, 2, 3) for s in by_step[step]]
     last = [s for step in (10, 11, 12) for s in by_step[step]]
     before, after = sum(first) / len(first), sum(last) / len(last)
-    print(f"rule score {before:.3f} -> {after:.3f} in {seconds:.1f} s; "
-          f"reward {rows[0]['critic/score/mean']:.3f} -> {rows[-1]['critic/score/mean']:.3f}")
+    rewards = [r["critic/score/mean"] for r in rows if "critic/score/mean" in r and r.get("step", 0) >= 1]
+    print(f"rule score {before:.3f} -> {after:.3f} in {seconds:.1f} s; reward {rewards[0]:.3f} -> {rewards[-1]:.3f}")
     assert after >= before + 0.15, (before, after)
+
+
+def test_the_simulator_adds_a_forward_pass_to_the_reward_time() -> None:
+    """The reward span of one scored group grows by the reward model's forward over its sequences
+    (`costs.reward_model_seconds`, on the engine's devices) and not otherwise."""
+    import numpy as np
+
+    from asyncrl.sim import costs
+    from asyncrl.sim.loop import run_virtual
+    from asyncrl.sim.profile import load_profile
+    from asyncrl.sim.workers import SimRolloutServer
+    from asyncrl.sim.workload import Workload
+
+    row = PromptRow(uid="p", data_source="arithmetic", messages=(), ground_truth="1", prompt_ids=(1,) * 100)
+
+    def reward_span(*overrides: str) -> tuple[float, list[int]]:
+        cfg = load_config(None, ["rollout.n=4", "sim.length_median=400", "data.max_response_length=4096", *overrides])
+        server = SimRolloutServer(cfg, load_profile("h20-qwen2.5-7b"), 2, Workload(cfg, 3))
+
+        async def main() -> Group:
+            group = await server.generate_scored(row, 4, "g", score=False)
+            return (await server.score([group]))[0]
+
+        group, _ = run_virtual(main())
+        t = group.trajectories[0]
+        return t.timings["reward_end"] - t.timings["reward_start"], \
+            [len(t.prompt_ids) + len(t.response_ids) for t in group.trajectories]
+
+    plain, lengths = reward_span()
+    with_model, same = reward_span("reward.model_path=/models/rm", "reward.model_batch_size=2")
+    assert same == lengths  # the same responses, from the same seed
+    forward = costs.reward_model_seconds(load_profile("h20-qwen2.5-7b"), np.array(lengths), 2, 2 * (1024 + 4096))
+    assert forward > 0 and with_model - plain == pytest.approx(forward, rel=1e-9, abs=1e-9)
