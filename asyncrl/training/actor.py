@@ -4,7 +4,9 @@
 micro-batches (length-sorted and trimmed of padding, see `asyncrl.training.batch`), scaling each
 micro-batch's loss so the accumulated gradient equals the mini-batch's aggregate (exact for
 every `loss_agg_mode`). Losses come from the pure `asyncrl.algorithms`; this module owns state
-(model, optimizer, schedule), not math.
+(model, optimizer, schedule), not math. Every term (policy loss, KL, entropy) and every count
+runs over the batch's `loss_mask`: a multi-turn episode's tool text is read as context, never
+trained, and what sits at its positions (log-probs, advantages, weights) reaches no gradient.
 
 The stream trainer's mode, "gradients now, step later": `accumulate(chunk)` backpropagates the
 chunk's loss *sum* (every agg mode's numerator: the aggregate with denominators of 1), and
