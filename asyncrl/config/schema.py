@@ -422,6 +422,16 @@ class SimConfig:
     """Share of each modelled GPU for weights + KV cache (vLLM's knob); 0 = the profile's value."""
     fsdp_size: int = -1
     """FSDP shard group of the modelled trainer (verl's actor fsdp_config.fsdp_size): -1 = every trainer GPU."""
+    turns_mean: float = knob(0.0, ">= 0", hint="0 = every episode takes rollout.multi_turn.max_assistant_turns")
+    """Mean assistant turns of a modelled episode (1 + Poisson, capped at max_assistant_turns); 0 = always the cap."""
+    tool_latency_median_s: float = knob(1.0, "> 0")
+    """Median seconds of a modelled tool call between two turns (lognormal; capped at multi_turn.tool_timeout_s)."""
+    tool_latency_sigma: float = knob(1.0, ">= 0")
+    """Lognormal shape of tool latencies: 1.0 puts one call in 20 above 5x the median."""
+    tool_output_tokens: int = knob(64, ">= 0")
+    """Tokens a tool result appends to a modelled episode's context (the tool message with its delimiters)."""
+    prefix_caching: bool = True
+    """The modelled engine keeps a conversation's KV between turns (vLLM's prefix caching): turns prefill new tokens."""
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,11 @@
 Each variant is a string of overrides applied on top of the base config, e.g.
 `--compare "pipeline=colocated" "pipeline=fully_async async_training.staleness_threshold=0.5"`.
 `--compare modes` expands to colocated, one-step-off and fully async (a)-(d) on the base
-config's rollout/trainer split (colocated gets all of those devices). Modes (b)-(d) sync once
+config's rollout/trainer split (colocated gets all of those devices). `--compare turns` (a
+config with `rollout.multi_turn.enable=true`): colocated and fully async (d) with the config's
+episodes and again with single-turn responses, and the two speed-ups of (d) over colocated
+printed under the table (`--compare modes` on such a config adds the same two single-turn rows
+and line). Modes (b)-(d) sync once
 per train_batch_size prompts (T = train_batch_size / (require_batches x ppo_mini_batch_size), the
 fair comparison with colocated that verl's recipes use); (c) and (d) allow staleness 0.5.
 Results: a markdown table on stdout and `compare.md` / `compare.json` in trainer.output_dir.
@@ -41,14 +45,24 @@ def modes(cfg: Config) -> dict[str, str]:
 
 
 def expand(variants: list[str], base: Config) -> dict[str, str]:
-    """Label → overrides. 'modes' becomes colocated (on every device) plus `modes(base)`."""
+    """Label → overrides. 'modes' becomes colocated (on every device) plus `modes(base)`;
+    'turns' colocated and fully async (d); with multi-turn episodes either also adds both
+    single-turn ("..., single-turn": rollout.multi_turn.enable=false)."""
     out: dict[str, str] = {}
     for v in variants:
         if v == "modes":
             out["colocated"] = _colocated_on_all(base)
             out |= modes(base)
+        elif v == "turns":
+            if not base.rollout.multi_turn.enable:
+                raise ConfigError("--compare turns compares multi-turn episodes with single-turn responses: "
+                                  "set rollout.multi_turn.enable=true (and rollout.multi_turn.max_assistant_turns)")
+            out |= {"colocated": _colocated_on_all(base), "fully_async (d)": modes(base)["fully_async (d)"]}
         else:
             out[v] = v
+    if base.rollout.multi_turn.enable and ("modes" in variants or "turns" in variants):
+        single = " rollout.multi_turn.enable=false"
+        out |= {f"{label}, single-turn": out[label] + single for label in ("colocated", "fully_async (d)")}
     return out
 
 

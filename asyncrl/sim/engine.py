@@ -18,9 +18,21 @@ a request finishes. Prefill is charged per token, with no fixed cost per prefill
 larger `min_free_slots` shows what the rule costs (slots idle while they wait) and not what it
 saves on a GPU (fewer launch-bound prefill steps stalling the batch).
 
-Not modelled: prefix caching, speculative decoding, chunked-prefill interleaving (prefill is
-charged up front when a request is admitted), and per-token sampling (lengths are drawn when
-a request is submitted).
+Multi-turn episodes (`asyncrl.sim.episodes`): a request with `Turns` is a whole episode. When a
+turn ends it leaves the batch for its tool call (an event at the call's end, in a heap beside
+the batch); the call's result then appends its tokens (under the version then) and the next
+turn queues, its prompt the whole conversation so far, so decoding pays for the growing
+context. Its prefill charges only the new tokens while the conversation's prefix is cached
+(`prefix_caching`, or a kept slot), unless the weights changed meanwhile (new weights empty the
+cache); a preempted or interrupted request prefills everything again. `keep_slot`: during the
+call the episode keeps its slot and its KV tokens (fewer requests decode at once) and its next
+turn goes to the queue's front; otherwise both are free for other requests. An abort during a
+tool call keeps the call's result. Not modelled: eviction from the prefix cache (a released
+conversation stays cached until the weights change).
+
+Not modelled: speculative decoding, chunked-prefill interleaving (prefill is charged up front
+when a request is admitted), and per-token sampling (lengths are drawn when a request is
+submitted).
 """
 
 from __future__ import annotations
@@ -29,18 +41,34 @@ import asyncio
 import heapq
 import math
 from collections import deque
+from typing import NamedTuple
 
 Runs = tuple[tuple[int, int], ...]
 """(version, tokens) runs: which policy version produced how many tokens of a response."""
 
 
+class Turns(NamedTuple):
+    """A multi-turn request (an episode): the response positions where a turn ends and a tool
+    call starts (every turn but the last), each call's seconds, the tokens each result appends.
+
+    Example: turns of 300, 200, 100 model tokens with 64-token results: ends (300, 564),
+    response length 728."""
+
+    ends: tuple[int, ...]
+    tool_s: tuple[float, ...]
+    tool_tokens: int
+
+
 class GroupSpec:
-    """What the n responses of one group share; each response adds only its length."""
+    """What the n responses of one group share; each response adds only its length (and, for
+    episodes, its `Turns`)."""
 
-    __slots__ = ("group", "prompt_len", "max_tokens", "submitted")
+    __slots__ = ("group", "prompt_len", "max_tokens", "submitted", "turns")
 
-    def __init__(self, group: int, prompt_len: int, max_tokens: int, submitted: float) -> None:
+    def __init__(self, group: int, prompt_len: int, max_tokens: int, submitted: float,
+                 turns: tuple[Turns, ...] | None = None) -> None:
         self.group, self.prompt_len, self.max_tokens, self.submitted = group, prompt_len, max_tokens, submitted
+        self.turns = turns
 
 
 Finished = tuple[int, Runs, float, int, bool]
@@ -56,18 +84,24 @@ def extend_runs(runs: Runs, version: int, tokens: int) -> Runs:
     return (*runs, (version, tokens))
 
 
-# One running response: (finish position, admission order, its group, its length, base position,
-# runs before this segment, tokens before this segment, its index in the group).
-# Tokens generated at position S: S - base.
+# One running response: (finish position (of its turn, for an episode), admission order, its group,
+# its length, base position, runs before this segment, tokens before this segment, its index in
+# the group). Tokens generated at position S: S - base.
 Running = tuple[float, int, GroupSpec, int, float, Runs, int, int]
-Waiting = tuple[GroupSpec, int, Runs, int, int]
+# One waiting response: (its group, its length, runs, tokens so far, its index, prompt tokens cached).
+Waiting = tuple[GroupSpec, int, Runs, int, int, int]
+# An episode in a tool call: (the call's end, order, group, length, runs, tokens so far, index,
+# its context's tokens, the version at the turn's end).
+InTool = tuple[float, int, GroupSpec, int, Runs, int, int, int, int]
 
 
 class EngineModel:
     def __init__(self, coefficients: tuple[float, float, float], prefill_s_per_token: float,
-                 kv_capacity: int, max_seqs: int, watermark: float = 0.01, min_free_slots: int = 1) -> None:
+                 kv_capacity: int, max_seqs: int, watermark: float = 0.01, min_free_slots: int = 1,
+                 prefix_caching: bool = True, keep_slot: bool = False) -> None:
         assert min_free_slots >= 1, min_free_slots
         self.watermark = watermark
+        self.prefix_caching, self.keep_slot = prefix_caching, keep_slot
         self.min_free_slots = min_free_slots  # capped at max_seqs where it is read (retune changes it)
         self.retune(coefficients, prefill_s_per_token, kv_capacity, max_seqs)
         self.t = 0.0
@@ -82,19 +116,23 @@ class EngineModel:
         self.paused = False
         self.preemptions = 0
         self.generated = 0
+        self.prefilled = 0  # prompt tokens prefilled (a cached prefix is not)
+        self.tools: list[InTool] = []  # heap: episodes in a tool call, by the call's end
+        self.held_seqs = 0  # slots kept by episodes in a tool call (keep_slot)
+        self.held_tokens = 0  # their KV tokens
         self._order = 0
         self._blocked = False  # after a preemption, admit nothing until a request finishes
 
     def copy(self) -> EngineModel:
         new = object.__new__(EngineModel)
         new.__dict__.update(self.__dict__)
-        new.running, new.waiting = list(self.running), deque(self.waiting)
+        new.running, new.waiting, new.tools = list(self.running), deque(self.waiting), list(self.tools)
         new.remaining, new.done = dict(self.remaining), dict(self.done)
         return new
 
     @property
     def busy(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.tools)
 
     def retune(self, coefficients: tuple[float, float, float], prefill_s_per_token: float,
                kv_capacity: int, max_seqs: int) -> None:
@@ -112,7 +150,7 @@ class EngineModel:
 
     def submit(self, spec: GroupSpec, lengths: list[int]) -> None:
         """A group of responses with these lengths (tokens) joins the queue."""
-        self.waiting.extend([(spec, n, (), 0, i) for i, n in enumerate(lengths)])
+        self.waiting.extend([(spec, n, (), 0, i, 0) for i, n in enumerate(lengths)])
         self.remaining[spec.group] = self.remaining.get(spec.group, 0) + len(lengths)
 
     def advance(self, until: float, stop_after_group: bool = False) -> list[tuple[int, tuple[Finished, ...]]]:
@@ -124,27 +162,38 @@ class EngineModel:
         finished: list[tuple[int, tuple[Finished, ...]]] = []
         if self.paused:
             return finished
-        a, b, c, running = self.a, self.b, self.c, self.running
+        a, b, c, running, tools = self.a, self.b, self.c, self.running, self.tools
         while True:
+            if tools and tools[0][0] <= self.t:
+                self._tool_results()
             if self.waiting:
                 self._admit()
             n = len(running)
+            next_tool = tools[0][0] if tools else math.inf
             if not n:
+                if next_tool <= until:  # nothing decodes until a tool call ends
+                    self.t = max(self.t, next_tool)
+                    continue
                 self.t = max(self.t, until)
                 return finished
             if self.t >= until:  # still prefilling what it admitted
                 return finished
+            if next_tool <= self.t:
+                continue
             S, t, head = self.S, self.t, running[0][0]
             unshared = self.prompt_sum - self.base_sum  # context tokens = unshared + n * S
-            kv_full = (self.capacity - unshared) / n if n > 1 else math.inf
+            kv_full = (self.capacity - self.held_tokens - unshared) / n if n > 1 else math.inf
             target = max(head if head <= kv_full else kv_full, S)
             alpha, beta = a + b * n + c * unshared, c * n
             dt = (target - S) * (alpha + beta * (target + S) / 2)
-            if t + dt > until:
-                seconds, q = until - t, alpha + beta * S
+            stop = until if until <= next_tool else next_tool
+            if t + dt > stop:
+                seconds, q = stop - t, alpha + beta * S
                 self.S = S + 2 * seconds / (q + math.sqrt(q * q + 2 * beta * seconds))
-                self.t = until
-                return finished
+                self.t = stop
+                if stop == until:
+                    return finished
+                continue
             self.t, self.S = t + dt, target
             if head <= target + 1e-9:
                 groups = self._complete()
@@ -159,22 +208,25 @@ class EngineModel:
         if self._blocked and self.running:
             return
         running, waiting, S = self.running, self.waiting, self.S
-        if running and self.max_seqs - len(running) < min(self.min_free_slots, self.max_seqs, len(waiting)):
+        slots = self.max_seqs - self.held_seqs
+        if running and slots - len(running) < min(self.min_free_slots, slots, len(waiting)):
             return  # the engine's rule: decode on until enough slots are free to share one prefill
-        context, tokens = self.context_tokens(), 0
-        while waiting and len(running) < self.max_seqs:
-            spec, target, runs, done, index = waiting[0]
+        context, tokens = self.context_tokens() + self.held_tokens, 0
+        while waiting and len(running) < slots:
+            spec, target, runs, done, index, cached = waiting[0]
             need = spec.prompt_len + done
             if running and context + need > self.admit_limit:
                 break
             waiting.popleft()
             base = S - done
             self._order += 1
-            heapq.heappush(running, (base + target, self._order, spec, target, base, runs, done, index))
+            end = target if spec.turns is None else _turn_end(spec.turns[index], done, target)
+            heapq.heappush(running, (base + end, self._order, spec, target, base, runs, done, index))
             self.prompt_sum += spec.prompt_len
             self.base_sum += base
             context += need
-            tokens += need
+            tokens += need - cached  # a cached prefix is not prefilled again
+        self.prefilled += tokens
         self.t += tokens * self.prefill
 
     def _remove(self, entry: Running) -> Waiting:
@@ -182,9 +234,10 @@ class EngineModel:
         _, _, spec, target, base, runs, done, index = entry
         self.prompt_sum -= spec.prompt_len
         self.base_sum -= base
-        total = min(int(self.S - base + 1e-6), target)
+        end = target if spec.turns is None else _turn_end(spec.turns[index], done, target)
+        total = min(int(self.S - base + 1e-6), end)
         self.generated += max(total - done, 0)
-        return spec, target, extend_runs(runs, self.version, total - done), max(total, done), index
+        return spec, target, extend_runs(runs, self.version, total - done), max(total, done), index, 0
 
     def _complete(self) -> list[tuple[int, tuple[Finished, ...]]]:
         """Every request whose last token is at the current position leaves the batch."""
@@ -197,6 +250,12 @@ class EngineModel:
             _, _, spec, target, base, runs, done, index = heapq.heappop(running)
             prompt_sum -= spec.prompt_len
             base_sum -= base
+            if spec.turns is not None:
+                end = _turn_end(spec.turns[index], done, target)
+                if end < target:  # a turn ended: its tool call starts
+                    generated += end - done
+                    self._tool_call(spec, target, extend_runs(runs, version, end - done), end, index, now)
+                    continue
             made = target - done
             generated += made
             entry = (target, extend_runs(runs, version, made) if runs else ((version, made),), now, index, False)
@@ -210,6 +269,41 @@ class EngineModel:
                 groups.append((g, done_by_group.pop(g)))
         self.prompt_sum, self.base_sum, self.generated = prompt_sum, base_sum, generated
         return groups
+
+    def _tool_call(self, spec: GroupSpec, target: int, runs: Runs, done: int, index: int, now: float) -> None:
+        """An episode's turn ended at `done` tokens: it waits for its tool call (keeping its slot
+        and KV with keep_slot)."""
+        turns = spec.turns[index] if spec.turns is not None else None
+        assert turns is not None
+        context = spec.prompt_len + done
+        self._order += 1
+        heapq.heappush(self.tools, (now + turns.tool_s[turns.ends.index(done)], self._order, spec, target, runs,
+                                    done, index, context, self.version))
+        if self.keep_slot:
+            self.held_seqs += 1
+            self.held_tokens += context
+
+    def _tool_result(self, call: InTool) -> Waiting:
+        """A tool call ended: its result's tokens join the response (this version); the next
+        turn's prefix is cached if the weights have not changed since the turn ended."""
+        _, _, spec, target, runs, done, index, context, version = call
+        assert spec.turns is not None
+        tokens = spec.turns[index].tool_tokens
+        if self.keep_slot:
+            self.held_seqs -= 1
+            self.held_tokens -= context
+        cached = context if version == self.version and (self.prefix_caching or self.keep_slot) else 0
+        return spec, target, extend_runs(runs, self.version, tokens), done + tokens, index, cached
+
+    def _tool_results(self) -> None:
+        """Every tool call that has ended by now: the next turns queue (at the front with a kept slot)."""
+        tools, now = self.tools, self.t
+        while tools and tools[0][0] <= now:
+            entry = self._tool_result(heapq.heappop(tools))
+            if self.keep_slot:
+                self.waiting.appendleft(entry)
+            else:
+                self.waiting.append(entry)
 
     def _preempt(self) -> None:
         """KV cache full: the most recently admitted request goes back to the queue's front."""
@@ -234,10 +328,12 @@ class EngineModel:
         """New weights: tokens from here on carry `version`; running segments are closed."""
         entries, self.running = self.running, []
         for entry in entries:
-            _, _, runs, done, index = self._remove(entry)
+            _, _, runs, done, index, _ = self._remove(entry)
             self.prompt_sum += entry[2].prompt_len
             self.base_sum += entry[4]
             heapq.heappush(self.running, (*entry[:5], runs, done, index))
+        if any(w[5] for w in self.waiting):  # new weights empty the prefix cache
+            self.waiting = deque((*w[:5], 0) for w in self.waiting)
         self.version = version
 
     def abort(self, group: int, indices: set[int]) -> tuple[list[Finished], list[tuple[int, tuple[Finished, ...]]]]:
@@ -251,8 +347,13 @@ class EngineModel:
         queued = [w for w in self.waiting if w[0].group == group and w[4] in indices]
         if queued:
             self.waiting = deque(w for w in self.waiting if not (w[0].group == group and w[4] in indices))
+        in_tool = [c for c in self.tools if c[2].group == group and c[6] in indices]
+        if in_tool:  # they keep their calls' results
+            self.tools = [c for c in self.tools if not (c[2].group == group and c[6] in indices)]
+            heapq.heapify(self.tools)
+            queued += [self._tool_result(c) for c in in_tool]
         partials: list[Finished] = [(done, runs, self.t, index, True)
-                                    for _, _, runs, done, index in [*stopped, *queued]]
+                                    for _, _, runs, done, index, _ in [*stopped, *queued]]
         if not partials:
             return [], []
         self.done[group] = (*self.done.get(group, ()), *partials)
@@ -261,6 +362,14 @@ class EngineModel:
             return partials, []
         del self.remaining[group]
         return partials, [(group, self.done.pop(group))]
+
+
+def _turn_end(turns: Turns, done: int, target: int) -> int:
+    """Where the turn an episode is in (having `done` tokens) ends: the next tool call, or its end."""
+    for end in turns.ends:
+        if end > done:
+            return end
+    return target
 
 
 class SimEngine:

@@ -51,6 +51,8 @@ class RunSummary:
     """Local updates (metrics.jsonl lines); equals `steps` except for fully async."""
     sim_wall_s: float = 0.0
     """Seconds the simulation itself took (0 for measured runs)."""
+    turns: int = 0
+    """Assistant turns of an episode at most (rollout.multi_turn.max_assistant_turns); 0 = single-turn responses."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,7 +88,8 @@ def summarise(cfg: Config, output_dir: Path, total_s: float | None = None, sim_w
         version_lag_max=max((r.get("staleness/version_lag_max", 0) for r in steps), default=0),
         stale_samples=steps[-1].get("fully_async/count/stale_samples_processed", 0),
         partial_ratio=_mean(steps, "fully_async/partial/partial_ratio"),
-        preemptions=steps[-1].get("rollouter/preemptions", 0.0), sim_wall_s=sim_wall_s)
+        preemptions=steps[-1].get("rollouter/preemptions", 0.0), sim_wall_s=sim_wall_s,
+        turns=cfg.rollout.multi_turn.max_assistant_turns if cfg.rollout.multi_turn.enable else 0)
 
 
 def updates_per_step(cfg: Config) -> int:
@@ -146,7 +149,26 @@ def table(summaries: list[RunSummary]) -> str:
             f"| {s.version_lag_mean:.2f}/{s.version_lag_max:.0f} | {s.partial_ratio:.2f} |")
     lines.append("\nstep = one training step; fully async: one sync cycle of T = trigger_parameter_sync_step "
                  "local updates (verl's step), its phase times summed over the cycle.")
+    lines += turn_speedups(summaries)
     return "\n".join(lines)
+
+
+def turn_speedups(summaries: list[RunSummary]) -> list[str]:
+    """The fully async (d) speed-up over colocated (total time) for multi-turn episodes beside
+    single-turn responses, when both pairs are among the runs (`asyncrl sim --compare turns`).
+
+    Example: colocated 3360 s and (d) 1418 s with 4 turns, 3108 s and 1193 s single-turn:
+    "fully_async (d) over colocated: 2.37x with 4-turn episodes, 2.61x single-turn"."""
+    def pick(label: str, multi: bool) -> RunSummary | None:
+        return next((s for s in summaries if s.label.startswith(label) and (s.turns > 0) == multi), None)
+
+    pairs = {multi: (pick("colocated", multi), pick("fully_async (d)", multi)) for multi in (True, False)}
+    if not all(c and d for c, d in pairs.values()):
+        return []
+    (col, d), (col1, d1) = pairs[True], pairs[False]
+    assert col and d and col1 and d1
+    return [f"fully_async (d) over colocated: {col.total_s / d.total_s:.2f}x with {d.turns}-turn episodes, "
+            f"{col1.total_s / d1.total_s:.2f}x single-turn"]
 
 
 def _duration(seconds: float) -> str:

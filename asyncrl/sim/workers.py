@@ -22,11 +22,12 @@ import numpy as np
 import torch
 
 from asyncrl.config.schema import Config
+from asyncrl.errors import ConfigError
 from asyncrl.roles import PauseMode, WeightSink
 from asyncrl.scheduling.batching import num_mini_batches
 from asyncrl.scheduling.old_log_probs import PASS_SOURCES
 from asyncrl.scheduling.plan import RunPlan
-from asyncrl.sim import costs
+from asyncrl.sim import costs, episodes
 from asyncrl.sim.engine import EngineModel, Finished, GroupSpec, Runs, SimEngine, extend_runs
 from asyncrl.sim.profile import Profile
 from asyncrl.sim.topology import engine_shape, kv_capacity
@@ -42,9 +43,15 @@ class SimRolloutServer:
         self.cfg, self.profile, self.workload = cfg, profile, workload
         # rollout.admit_min_free_slots 0 models 1: the profiles were fitted to engines that admit
         # whenever a slot frees (vLLM on the GPU profiles), and the model has no per-step prefill cost
+        multi_turn = cfg.rollout.multi_turn
+        if multi_turn.enable and cfg.tail_batching.enable:
+            raise ConfigError("sim: tail_batching.enable=true with rollout.multi_turn.enable=true is not modelled; "
+                              "set one of them false")
         model = EngineModel(costs.decode_coefficients(profile, tp), costs.prefill_s_per_token(profile, tp),
                             kv_capacity(cfg, profile, tp), cfg.rollout.max_num_seqs,
-                            min_free_slots=cfg.rollout.admit_min_free_slots or 1)
+                            min_free_slots=cfg.rollout.admit_min_free_slots or 1,
+                            prefix_caching=cfg.sim.prefix_caching, keep_slot=multi_turn.keep_slot == "keep")
+        self.multi_turn = multi_turn.enable  # responses are episodes (asyncrl.sim.episodes)
         self.engine = SimEngine(model)
         self.partial_continuations = 0
         self._groups = 0
@@ -62,11 +69,18 @@ class SimRolloutServer:
                               keep: int = 0) -> Group:
         assert not (keep and partials), "tail batching never continues a stopped run's responses"
         self._groups += 1
-        spec = GroupSpec(self._groups, len(row.prompt_ids), self.cfg.data.max_response_length,
-                         asyncio.get_running_loop().time())
-        lengths = self.workload.response_lengths(row, self.version, n)
+        plans = self.workload.episodes(row, self.version, n) if self.multi_turn else None
+        lengths = self.workload.response_lengths(row, self.version, n) if plans is None else \
+            [episodes.engine_turns(p)[0] for p in plans]
         cut = _cut_by_keep(lengths, keep)
         kept, todo, lengths = _continue_partials(partials, lengths)
+        offsets = {i: len(before.response_ids) if before is not None else 0 for i, before in todo}
+        turns = None
+        if plans is not None:  # each episode from where it is (a stopped one continues from there)
+            shaped = [episodes.engine_turns(plans[i], offsets[i]) for i, _ in todo]
+            lengths, turns = [n for n, _ in shaped], tuple(t for _, t in shaped)
+        spec = GroupSpec(self._groups, len(row.prompt_ids), self.cfg.data.max_response_length,
+                         asyncio.get_running_loop().time(), turns)
         self._in_flight[uid] = spec
         try:
             finished = await self.engine.generate(spec, lengths) if lengths else ()
@@ -75,6 +89,9 @@ class SimRolloutServer:
         if partials:  # the engine numbered the responses still to generate: back to their group indices
             finished = tuple((*f[:3], todo[f[3]][0], f[4]) for f in finished)
         trajectories = self._trajectories(finished, spec, uid, row)
+        if plans is not None:
+            for t in trajectories:
+                episodes.fill(t, plans[_index(t)], offsets[_index(t)])
         if partials:  # a stopped run's responses: the finished ones, then the aborted ones continued
             before = dict(todo)
             trajectories = kept + [_after(before[_index(t)], t) for t in trajectories]
@@ -171,6 +188,7 @@ class SimRolloutServer:
         m = self.engine.model
         return {"rollouter/running": len(m.running), "rollouter/waiting": len(m.waiting),
                 "rollouter/preemptions": m.preemptions, "sim/generated_tokens": m.generated,
+                "sim/prefilled_tokens": m.prefilled,
                 "fully_async/partial/continuations": self.partial_continuations}
 
     async def set_tensor_parallel(self, tp: int) -> None:
@@ -250,6 +268,10 @@ def _after(before: Trajectory | None, rest: Trajectory) -> Trajectory:
     for version, count in _runs(rest.versions):
         runs = extend_runs(runs, version, count)
     ids, logprobs, versions = _placeholders(runs)
+    if rest.loss_mask:  # an episode: its mask and counters joined too
+        mask, counters = episodes.join(before, rest)
+        return dataclasses.replace(rest, response_ids=ids, logprobs=logprobs, versions=versions,
+                                   loss_mask=mask, episode=counters)
     return dataclasses.replace(rest, response_ids=ids, logprobs=logprobs, versions=versions)
 
 
