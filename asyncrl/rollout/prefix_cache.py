@@ -1,6 +1,6 @@
-"""Automatic prefix caching for `TorchEngine`: finished sequences' K/V kept in free cache slots,
-reused by a later request whose prompt starts with the same tokens (a multi-turn episode's next
-turn, whose prompt is the whole conversation so far).
+"""Automatic prefix caching for `TorchEngine`: finished sequences' K/V kept in the cache slots past
+the running ones, reused by a later request whose prompt starts with the same tokens (a
+multi-turn episode's next turn, whose prompt is the whole conversation so far).
 
 What vLLM's automatic prefix caching does with blocks, done here within the engine's slot layout
 (`asyncrl.rollout.kv_cache`): running sequences occupy slots 0..B-1; a cached entry is one whole
@@ -52,7 +52,6 @@ BLOCK = 16
 """Tokens per indexed block: the least a hit reuses."""
 
 
-
 @dataclass(eq=False)
 class CachedPrefix:
     """One cached slot: the K/V of `tokens` at positions 0..len(tokens)-1 of `slot`."""
@@ -64,11 +63,10 @@ class CachedPrefix:
     pinned_until: float = 0.0  # the clock's time until which it is not evicted (0: evictable)
 
 
-def block_hashes(ids: Sequence[int], limit: int | None = None) -> list[int]:
-    """Chained hash of each whole `BLOCK` of ids (at most `limit` blocks): hash i covers ids[: BLOCK * (i + 1)]."""
+def block_hashes(ids: Sequence[int]) -> list[int]:
+    """Chained hash of each whole `BLOCK` of ids: hash i covers ids[: BLOCK * (i + 1)]."""
     hashes, h = [], 0
-    blocks = len(ids) // BLOCK if limit is None else min(limit, len(ids) // BLOCK)
-    for b in range(blocks):
+    for b in range(len(ids) // BLOCK):
         h = hash((h, tuple(ids[b * BLOCK : (b + 1) * BLOCK])))
         hashes.append(h)
     return hashes

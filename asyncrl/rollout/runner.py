@@ -13,7 +13,9 @@ come back in one device-to-host copy. On a GPU they are read one step late: `run
 while step t runs, and waits only for step t's copy; `flush` reads the last step's results. Where
 the device is the host (the CPU) nothing runs while the host plans, so a late read would only add
 steps (a row that finished in step t still gets a row in step t+1): `run` returns `plan`'s own
-results (`read_late` False).
+results (`read_late` False). With a prefix cache (`asyncrl.rollout.prefix_cache`) a plan's
+entries live in the slots past its rows: the cache is sized for them before the moves, and a
+prefill row whose slot holds a hit's positions computes only the rest (`_prefill_after`).
 This module does no scheduling and knows nothing about asyncio or futures.
 """
 

@@ -54,7 +54,7 @@ class StepPlan:
     seqs: tuple[Sequence, ...]  # for apply(); the step thread must not read these
     prefill_starts: tuple[int, ...] = ()  # per prefill row, positions its slot holds already (empty: none)
     cache_slots: int = 0  # with a prefix cache: slots the KV cache keeps (entries past the rows), else 0
-    cache_len: int = 0  # with a prefix cache: positions the KV cache keeps (its longest entry)
+    cache_len: int = 0  # with a prefix cache: its longest entry (the KV cache keeps one position more)
 
     @property
     def num_rows(self) -> int:
@@ -186,9 +186,10 @@ class Scheduler:
         prefix cache's entries live past the rows); (), 0, 0 without a prefix cache."""
         if self.prefix is None:
             return (), 0, 0
+        # what moves carry is a running row's (within its next position) or an entry's
         moved = [max(src, dst) + 1 for src, dst, _ in self._moves]
         return (tuple(s.reused for s in admitted), max([self.prefix.top_slot, len(self.running), *moved]),
-                max([self.prefix.longest, *(abs(n) for _, _, n in self._moves)]))
+                self.prefix.longest)
 
     def _remove_running(self, seq: Sequence, keep: bool = False) -> None:
         """Take `seq` out of its slot, the last running one moving in; `keep`: its K/V become a

@@ -142,6 +142,7 @@ def test_a_finished_sequence_swaps_with_the_last_running_one() -> None:
     run_to_end(sched, steps=2)  # the first one finishes in slot 0, the others run in 1 and 2
     plan = sched.schedule()
     assert plan is not None and plan.moves == ((0, 2, -21),)  # 20 prompt + 1 fed token each: one swap
+    assert (plan.cache_slots, plan.cache_len) == (3, 21)  # the entry in slot 2, its 21 positions
     entry, reuse = sched.prefix.lookup(ids(20) + (5, 5, 9))  # type: ignore[union-attr]
     assert [s.slot for s in sched.running] == [0, 1] and entry is not None and (entry.slot, reuse) == (2, 21)
 
