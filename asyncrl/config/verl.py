@@ -388,6 +388,8 @@ def _derive(t: Translation, entry: str | None) -> None:
         v.setdefault("sandbox.backend", "http")
     if "actor.warmup_ratio" in v:  # a ratio given means warm-up by ratio (steps -1), as verl's lr_warmup_steps=-1
         v.setdefault("actor.warmup_steps", -1)
+    if v.get("data.truncation", "error") != "error":  # a cut asked for is made, not a drop (verl filters if told)
+        v.setdefault("data.filter_overlong_prompts", False)
     if v.get("model.path", TINY) != TINY:
         for key, value in VERL_DEFAULTS.items():
             v.setdefault(key, value)
