@@ -173,3 +173,6 @@ PIPELINE_EPISODE = ToolEpisode(MultiTurnConfig(enable=True, max_assistant_turns=
                                always_add, MessageTemplate(TOK))
 """`rollout.multi_turn.episode=tests.agents.fakes:PIPELINE_EPISODE`: two model turns around one
 tool message (the tiny model and tokenizer), for runs of the real pipelines."""
+SLOW_TOOL_EPISODE = ToolEpisode(MultiTurnConfig(enable=True, max_assistant_turns=2), AddTools(delay_s=0.2),
+                                always_add, MessageTemplate(TOK))
+"""PIPELINE_EPISODE's twin with slower tools, which a test may swap (`.tools`) for tools that stop the run."""
