@@ -99,8 +99,6 @@ class StepRunner:
                                                       path="varlen", capture=self.device.type == "cuda")
         self.prefills: Counter[PrefillPath] = Counter()
         """Prefill forwards run, by path: what tests and benches read."""
-        self.prefills_after = 0
-        """Prefill forwards of prefix-cache hits (`_prefill_after`), not counted in `prefills`."""
         self.lock = threading.Lock()
         self.version = version
         self._results = _Results(max_num_seqs, self.device)
@@ -237,7 +235,6 @@ class StepRunner:
         """Rows whose slots hold their first starts[i] positions already (prefix-cache hits):
         only the rest is computed, at positions from the start on, eagerly (no graphs)."""
         assert isinstance(self.cache, SlotKVCache), "a prefix cache needs the slot KV cache"
-        self.prefills_after += 1
         suffixes = [c[s:] for c, s in zip(rows, starts)]
         if isinstance(self.forward, BatchedForward):
             flat, lengths = pack_prompts(suffixes, first_slot, starts=starts)
