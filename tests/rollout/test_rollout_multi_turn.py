@@ -45,11 +45,13 @@ def assert_same(outs: Sequence[Trajectory], refs: Sequence[Trajectory]) -> None:
         torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(ref.logprobs), rtol=0, atol=1e-5)
 
 
-def run_conversations(model: torch.nn.Module, episodes: int, turns: int,
+def run_conversations(model: torch.nn.Module, episodes: int, turns: int, read_late: bool = False,
                       **settings: Any) -> tuple[list[Trajectory], EngineStats, int]:
-    """Every conversation at once; (trajectories, the engine's last stats, prefix-cache evictions)."""
+    """Every conversation at once; (trajectories, the engine's last stats, prefix-cache evictions).
+    `read_late`: results read a step late, as on a GPU."""
     async def main() -> tuple[list[Trajectory], EngineStats, int]:
         eng = engine(model, **settings)
+        eng._runner.read_late = read_late
         outs = await asyncio.gather(*(converse(eng, e, turns, 20 + 3 * e, 4 + e % 5) for e in range(episodes)))
         stats, prefix = eng.stats(), eng._prefix
         await eng.aclose()
@@ -79,17 +81,38 @@ def test_turns_after_the_first_prefill_only_their_new_tokens(arch: str) -> None:
     assert stats[-1].prefix_cache_hit_tokens == (40 + 6) + (40 + 7 + TOOL_TOKENS + 6)
 
 
-@pytest.mark.parametrize("static_decode", [False, True])
-def test_conversations_under_slot_and_budget_pressure_equal_the_engine_without_a_cache(static_decode: bool) -> None:
+@pytest.mark.parametrize(("static_decode", "read_late"), [(False, False), (True, False), (True, True)])
+def test_conversations_under_slot_and_budget_pressure_equal_the_engine_without_a_cache(static_decode: bool,
+                                                                                        read_late: bool) -> None:
     """Six conversations in eight slots and a 250-token budget: entries are moved out of the way
     and evicted for slots and for the budget; greedy outputs stay those of the engine without a
-    cache. Static decode pads rows into the entries' slots (CUDA graphs' layout, run eagerly here)."""
+    cache. Static decode pads rows into the entries' slots (CUDA graphs' layout, run eagerly here);
+    a late read (a GPU's) runs a finished row one extra step before its entry is made."""
     model = tiny_model("llama")
     settings: dict[str, Any] = dict(max_num_seqs=8, kv_budget_tokens=250, static_decode=static_decode)
-    refs, _, _ = run_conversations(model, episodes=6, turns=3, **settings)
-    outs, stats, evictions = run_conversations(model, episodes=6, turns=3, prefix_cache=True, **settings)
+    refs, _, _ = run_conversations(model, episodes=6, turns=3, read_late=read_late, **settings)
+    outs, stats, evictions = run_conversations(model, episodes=6, turns=3, read_late=read_late, prefix_cache=True,
+                                               **settings)
     assert_same(outs, refs)
     assert stats.prefix_cache_hit_tokens > 0 and evictions > 0
+
+
+def test_a_cache_sized_once_as_on_a_gpu_keeps_entries_clear_of_the_graph_padding_position() -> None:
+    """The GPU's layout and timing on the CPU: every slot allocated once at max_model_len positions
+    (64), static decode padding rows writing at position 63, results read a step late. The last
+    conversation fills all 64 positions, so its entries are capped at 63; outputs equal the
+    engine's without a cache."""
+    model = tiny_model("llama")
+
+    async def main(prefix_cache: bool) -> list[Trajectory]:
+        eng = engine(model, prefix_cache=prefix_cache, static_decode=True, max_model_len=64, max_num_seqs=4)
+        eng._runner.cache.allocate(64)  # what the runner does on a GPU (`memory.plan_kv_cache`)
+        eng._runner.read_late = True  # and a GPU's late read: a finished row's extra step feeds its last token
+        outs = await asyncio.gather(*(converse(eng, e, 3, 30 + e, 7) for e in range(4)))  # 64 = 33 + 2 x 12 + 7
+        await eng.aclose()
+        return [t for conv in outs for t in conv]
+
+    assert_same(asyncio.run(main(True)), asyncio.run(main(False)))
 
 
 def test_seeded_sampling_is_unchanged_by_prefix_reuse() -> None:
