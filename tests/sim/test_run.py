@@ -8,7 +8,7 @@ import pytest
 from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
-from asyncrl.sim.compare import modes
+from asyncrl.sim.compare import compare, modes
 from asyncrl.sim.run import simulate
 
 SMALL = ["data.train_batch_size=32", "actor.ppo_mini_batch_size=8", "rollout.n=4", "data.max_response_length=4096",
@@ -153,3 +153,44 @@ def test_a_long_simulated_run_traces_its_end_within_the_event_budget(tmp_path):
     last = train[-1]
     assert any(e["ph"] == "f" and e["tid"] == last["tid"] and last["ts"] <= e["ts"] <= last["ts"] + last["dur"]
                for e in events)
+
+
+MULTI_TURN = ["rollout.multi_turn.enable=true", "rollout.multi_turn.max_assistant_turns=4"]
+
+
+@pytest.mark.parametrize("label", ["colocated", "one_step_off", "fully_async (d)"])
+def test_every_pipeline_runs_episodes_and_trains_each_once(tmp_path, label):
+    cfg, summary, steps = run(tmp_path, " ".join([VARIANTS[label], *MULTI_TURN]))
+    assert sum(r["training/responses"] for r in steps) == 32 * 4 * 4
+    assert summary.turns == 4 and steps[-1]["sim/prefilled_tokens"] > 0
+    ledger = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(ledger) == 32 * 4 and len({s["prompt"] for s in ledger}) == 32 * 4
+    if label == "fully_async (d)":  # episodes stopped by a sync continue under the new version
+        assert summary.partial_ratio > 0
+
+
+def test_fully_async_hides_most_of_the_tool_time_colocated_waits_for(tmp_path):
+    """Tool results of 0 tokens (the same tokens to train): colocated waits for each batch's
+    slowest episode's tool calls; fully async (d) decodes other episodes meanwhile."""
+    mt = " ".join([*MULTI_TURN, "sim.tool_output_tokens=0", "sim.length_median=50", "trainer.total_training_steps=8"])
+    short = "sim.length_median=50 trainer.total_training_steps=8"
+    extra = {label: run(tmp_path / f"{label}m", f"{VARIANTS[label]} {mt}")[1].total_s
+             - run(tmp_path / f"{label}s", f"{VARIANTS[label]} {short}")[1].total_s
+             for label in ("colocated", "fully_async (d)")}
+    assert extra["colocated"] > 8 * 5.0  # > 5 s a step: about the slowest of 128 episodes' 3 calls
+    assert 0 < extra["fully_async (d)"] < extra["colocated"] / 2
+
+
+def test_cli_compare_turns_prints_the_two_speedups(tmp_path, capsys):
+    assert main(["sim", *SMALL, *MULTI_TURN, f"trainer.output_dir={tmp_path}", "--compare", "turns"]) == 0
+    out = capsys.readouterr().out
+    runs = {s["label"]: s["total_s"] for s in json.loads((tmp_path / "compare.json").read_text())}
+    assert sorted(runs) == ["colocated", "colocated, single-turn", "fully_async (d)", "fully_async (d), single-turn"]
+    multi = runs["colocated"] / runs["fully_async (d)"]
+    single = runs["colocated, single-turn"] / runs["fully_async (d), single-turn"]
+    assert f"fully_async (d) over colocated: {multi:.2f}x with 4-turn episodes, {single:.2f}x single-turn" in out
+
+
+def test_compare_turns_needs_episodes(tmp_path):
+    with pytest.raises(ConfigError, match="rollout.multi_turn.enable=true"):
+        compare(None, [*SMALL, f"trainer.output_dir={tmp_path}"], ["turns"])
