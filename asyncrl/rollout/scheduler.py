@@ -227,7 +227,7 @@ class Scheduler:
             if self.waiting[0].in_flight:  # preempted while its last token was sampled: prefill it once known
                 break
             n = self.waiting[0].context_len
-            hit, reuse = self.prefix.lookup(self.waiting[0].context_ids) if self.prefix else (None, 0)
+            hit, reuse = self.prefix.lookup(self.waiting[0].context_ids) if self.prefix is not None else (None, 0)
             taken = len(hit.tokens) if hit is not None and PrefixCache.consumes(hit, reuse) else 0
             if not self._fits(used + n - taken, hit):
                 break
