@@ -228,12 +228,12 @@ class Scheduler:
                 break
             n = self.waiting[0].context_len
             hit, reuse = self.prefix.lookup(self.waiting[0].context_ids) if self.prefix is not None else (None, 0)
-            taken = len(hit.tokens) if hit is not None and PrefixCache.consumes(hit, reuse) else 0
-            if not self._fits(used + n - taken, hit):
-                break
             # The prefill is right-padded to its longest context: bound the padded size, which
             # is what the forward and its (rows, T, T) mask cost.
             if admitted and (len(admitted) + 1) * max(longest, n - reuse) > self.max_prefill_tokens:
+                break
+            taken = len(hit.tokens) if hit is not None and PrefixCache.consumes(hit, reuse) else 0
+            if not self._fits(used + n - taken, hit):  # (may evict entries: checked last)
                 break
             if self.prefix is not None:
                 moves = self.prefix.place(len(self.running), hit, reuse)
