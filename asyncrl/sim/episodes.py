@@ -37,6 +37,11 @@ def layout(plan: EpisodePlan) -> Segments:
     return tuple(out)
 
 
+def response_tokens(plan: EpisodePlan) -> int:
+    """Model and tool tokens of the whole episode."""
+    return sum(plan.turns_T) + (len(plan.turns_T) - 1) * plan.tool_tokens
+
+
 def engine_turns(plan: EpisodePlan, offset: int = 0) -> tuple[int, Turns]:
     """(response tokens to generate, the engine's `Turns`) of `plan` from response position
     `offset` on (0, or what a stopped episode already has).

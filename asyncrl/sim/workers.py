@@ -71,7 +71,7 @@ class SimRolloutServer:
         self._groups += 1
         plans = self.workload.episodes(row, self.version, n) if self.multi_turn else None
         lengths = self.workload.response_lengths(row, self.version, n) if plans is None else \
-            [episodes.engine_turns(p)[0] for p in plans]
+            [episodes.response_tokens(p) for p in plans]
         cut = _cut_by_keep(lengths, keep)
         kept, todo, lengths = _continue_partials(partials, lengths)
         offsets = {i: len(before.response_ids) if before is not None else 0 for i, before in todo}
