@@ -3,6 +3,7 @@ config, TRL-format rows become a verl-layout file, TRL reward functions score a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 import pytest
 
 from asyncrl.api import Trainer, function_spec
+from asyncrl.config.load import load_train_config
+from asyncrl.config.schema import Config
 from asyncrl.data.dataset import load_rows
 from asyncrl.data.tasks import make_task
 from asyncrl.errors import ConfigError, DataError
@@ -63,6 +66,27 @@ def test_rows_keep_their_format_and_columns() -> None:
         Trainer(train_dataset=[{"question": "x"}])
     with pytest.raises(DataError, match=r"column 'blob': bytes is not JSON-serialisable"):
         Trainer(train_dataset=[{"prompt": "x", "blob": b"\x00"}])
+
+
+def test_the_same_model_gets_the_same_defaults_however_its_path_is_spelled() -> None:
+    """verl's defaults follow the model (issue 27): the Python API's `model=`, our key, verl's key, a
+    trailing slash; only the tiny toy keeps asyncrl's own."""
+    rows = [{"prompt": "1+1=", "answer": "2"}]
+    api = Trainer(model="/models/qwen", train_dataset=rows).cfg
+    files = f"data.train_files=[{api.data.train_files[0]}]"
+    spellings = [load_train_config(None, [f"{key}={path}", files]) for key, path in (
+        ("model.path", "/models/qwen"), ("actor_rollout_ref.model.path", "/models/qwen"),
+        ("actor_rollout_ref.model.path", "/models/qwen/"))]
+
+    def unpathed(cfg: Config) -> Config:
+        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=""))
+
+    assert all(unpathed(cfg) == unpathed(api) for cfg in spellings)
+    a = api.actor
+    assert (a.lr, a.weight_decay, api.data.max_response_length, api.rollout.val_n) == (1e-6, 0.01, 512, 1)
+    tiny = Trainer(model="tiny", train_dataset=rows).cfg
+    assert unpathed(tiny) == unpathed(load_train_config(None, ["actor_rollout_ref.model.path=tiny", files]))
+    assert tiny.actor.lr != api.actor.lr  # the toy's own defaults
 
 
 @pytest.mark.slow
