@@ -264,3 +264,14 @@ def test_on_and_off_choices_survive_yamls_booleans():
     cfg = load_config(None, ["rollout.fused_decode=off", "rollout.packed_prefill=off"])
     assert (cfg.rollout.fused_decode, cfg.rollout.packed_prefill) == ("off", "off")
     assert load_config(None, ["rollout.fused_decode=on"]).rollout.fused_decode == "on"
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("rollout.ignore_eos=true", "rollout.ignore_eos=false"),
+    ("rollout.multi_turn.max_episode_tokens=100", "rollout.multi_turn.max_episode_tokens=100 leaves no room"),
+])
+def test_multi_turn_rules_name_the_keys(override, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["rollout.multi_turn.enable=true", "data.max_prompt_length=128", override])
+    assert needle in str(err.value)
+    load_config(None, [override, "data.max_prompt_length=128"])  # single turn: no rule

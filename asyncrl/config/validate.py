@@ -31,6 +31,7 @@ def validate(cfg: Config) -> None:
     _async_rules(cfg)
     _restart_rules(cfg)
     _long_tail_rules(cfg)
+    _multi_turn_rules(cfg)
 
 
 # ---- one field at a time, from the schema's declaration ------------------------------------------
@@ -174,6 +175,17 @@ def _restart_rules(cfg: Config) -> None:
         raise ConfigError(f"rollout.max_restarts={r.max_restarts} needs backend=ray, rollout.num_engines >= 2 (the "
                           "others carry the work while a restarted worker waits for the next weight sync) and "
                           "trainer.device=cpu (weights through the object store); set rollout.max_restarts=0")
+
+
+def _multi_turn_rules(cfg: Config) -> None:
+    m, r = cfg.rollout.multi_turn, cfg.rollout
+    if m.enable and (r.ignore_eos or r.length_from_prompt):
+        raise ConfigError("rollout.multi_turn.enable ends each model turn at its end-of-turn token: set "
+                          "rollout.ignore_eos=false and rollout.length_from_prompt=false")
+    if m.enable and m.max_episode_tokens and m.max_episode_tokens <= cfg.data.max_prompt_length:
+        raise ConfigError(f"rollout.multi_turn.max_episode_tokens={m.max_episode_tokens} leaves no room to answer a "
+                          f"prompt of data.max_prompt_length={cfg.data.max_prompt_length}: raise it, or set 0 "
+                          "(prompt + response lengths)")
 
 
 def _async_rules(cfg: Config) -> None:
