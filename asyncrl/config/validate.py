@@ -179,9 +179,9 @@ def _restart_rules(cfg: Config) -> None:
 
 def _multi_turn_rules(cfg: Config) -> None:
     m, r = cfg.rollout.multi_turn, cfg.rollout
-    if m.enable and (r.ignore_eos or r.length_from_prompt):
+    if m.enable and r.ignore_eos:
         raise ConfigError("rollout.multi_turn.enable ends each model turn at its end-of-turn token: set "
-                          "rollout.ignore_eos=false and rollout.length_from_prompt=false")
+                          "rollout.ignore_eos=false")
     if m.enable and m.max_episode_tokens and m.max_episode_tokens <= cfg.data.max_prompt_length:
         raise ConfigError(f"rollout.multi_turn.max_episode_tokens={m.max_episode_tokens} leaves no room to answer a "
                           f"prompt of data.max_prompt_length={cfg.data.max_prompt_length}: raise it, or set 0 "
