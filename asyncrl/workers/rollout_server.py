@@ -132,7 +132,9 @@ class RolloutServer:
         return groups
 
     async def abort(self, request_ids: Sequence[str]) -> list[Trajectory]:
-        """Stop these requests for good; their partial trajectories (ids not here are skipped)."""
+        """Stop these requests for good; their partial trajectories (ids not here are skipped).
+        An episode's id stops the episode: its model turn in flight is aborted (that turn's
+        partial, id `{episode}#{k}`, is what comes back here; the episode comes back in its group)."""
         ids = list(request_ids)
         self._stopped.update(i for i in ids if i in self._episodes)
         ids = [self._turn_of.get(i, i) for i in ids]  # an episode's model turn in flight
