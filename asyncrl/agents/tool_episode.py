@@ -8,7 +8,8 @@
 Limits (`rollout.multi_turn`): calls past `max_tool_calls` for the episode or past
 `max_parallel_calls` in one turn become a line saying so in the tool message (`tool_limited`);
 a turn with calls once `max_assistant_turns` model turns or `max_user_turns` tool messages were
-spent ends the episode as it is (`turn_limited`), as verl's agent loop does; a tool message that would not leave the
+spent ends the episode as it is (`turn_limited`; verl's agent loop ends right after the last
+tool message, unread: here the model answers it first); a tool message that would not leave the
 next turn a token of the response budget (`data.max_response_length`, `max_episode_tokens`)
 ends it with finish_reason "length". Calls that cannot be parsed become an error line
 (`tool_errors`). Counters land in `Trajectory.episode`.
@@ -16,8 +17,8 @@ ends it with finish_reason "length". Calls that cannot be parsed become an error
 An abort during a tool call does not cut the call: the episode waits for it (bounded by
 `tool_timeout_s`), appends its message, and only then stops (the next `generate` returns
 "aborted"), so a resumed episode never runs a tool twice. With `keep_slot=keep` the engine
-keeps the conversation's KV through the tool calls (`EngineClient.keep`). Not here: the tools themselves
-(`asyncrl.tools`), the episode interface (`asyncrl.agents.episode`).
+keeps the conversation's KV through the tool calls (`EngineClient.keep`). Not here: the tools
+themselves (`asyncrl.tools`), the episode interface (`asyncrl.agents.episode`).
 """
 
 from __future__ import annotations
