@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from asyncrl.sim.engine import EngineModel, GroupSpec
+from asyncrl.sim.engine import EngineModel, GroupSpec, Turns
 
 INF = math.inf
 
@@ -181,3 +181,28 @@ def test_a_queue_shorter_than_min_free_slots_never_waits():
     submit(m, 1, 1)  # one waiting: one free slot (t = 2) is enough
     [(group, _)] = m.advance(INF, stop_after_group=True)
     assert group == 1 and m.t == pytest.approx(3.0, rel=0, abs=1e-9)
+
+
+def test_an_episode_leaves_the_batch_for_its_tool_call_and_prefills_only_the_result():
+    """Each step 1 s, prefill 0.5 s a token, prompt 10: the prompt's prefill (5 s), turn 1 (3
+    tokens, 3 s), the tool call (2.5 s), its 2-token result prefilled alone (1 s; without the
+    cache the 15-token conversation: 7.5 s), turn 2 (4 tokens, 4 s)."""
+    for caching, end in ((True, 15.5), (False, 22.0)):
+        m = EngineModel((1.0, 0.0, 0.0), 0.5, 10**9, 256, watermark=0.0, prefix_caching=caching)
+        m.submit(GroupSpec(0, 10, 100, 0.0, (Turns((3,), (2.5,), 2),)), [9])
+        [(group, [(n, runs, finished_at, _, aborted)])] = m.advance(INF, True)
+        assert (n, runs, aborted) == (9, ((0, 9),), False)
+        assert finished_at == pytest.approx(end, rel=0, abs=1e-9)
+        assert m.prefilled == (10 + 2 if caching else 10 + 15)
+
+
+def test_a_kept_slot_idles_through_the_tool_call_a_released_one_serves_another_request():
+    """One slot: released, a 2-token request decodes during the episode's 2.5 s call (t 3-5);
+    kept, it waits for the episode to finish (t 9.5)."""
+    for keep, other_done in ((False, 5.0), (True, 11.5)):
+        m = EngineModel((1.0, 0.0, 0.0), 0.0, 10**9, 1, watermark=0.0, keep_slot=keep)
+        m.submit(GroupSpec(0, 10, 100, 0.0, (Turns((3,), (2.5,), 0),)), [7])
+        m.submit(GroupSpec(1, 10, 100, 0.0), [2])
+        ends = {group: finished[0][2] for group, finished in m.advance(INF)}
+        assert ends == pytest.approx({0: 9.5, 1: other_done}, rel=0, abs=1e-9)
+        assert m.held_seqs == 0 and m.held_tokens == 0
