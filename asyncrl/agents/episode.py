@@ -26,6 +26,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeAlias
 
+from asyncrl.telemetry.episode_spans import span_timings
 from asyncrl.types import FinishReason, GenerationRequest, PromptRow, Trajectory
 
 TurnRunner: TypeAlias = Callable[[GenerationRequest], Awaitable[Trajectory]]
@@ -126,6 +127,9 @@ class EpisodeBuilder:
         self.versions: list[int] = []
         self.loss_mask: list[int] = []
         self.counters: dict[str, float] = {}
+        self.timings: dict[str, float] = {}
+        """Spans of this segment's turns and tool calls, for the run's trace (`span`)."""
+        self._spans = 0
         self._open = 0
 
     @classmethod
@@ -171,6 +175,13 @@ class EpisodeBuilder:
         self.versions += [self.versions[-1]] * len(ids)
         self.loss_mask += [0] * len(ids)
 
+    def span(self, name: str, start: float, end: float, **fields: float | str) -> None:
+        """A timed part of the episode ("turn", "tool:<name>"; `telemetry.clock.now()` readings)
+        that trace.json draws on the episode's lane (`asyncrl.telemetry.episode_spans`). A
+        resumed builder starts none: an earlier segment's spans went with its own timings."""
+        self.timings |= span_timings(self._spans, name, start, end, fields)
+        self._spans += 1
+
     def count(self, name: str, by: float = 1.0) -> None:
         self.counters[name] = self.counters.get(name, 0.0) + by
 
@@ -180,4 +191,4 @@ class EpisodeBuilder:
     def trajectory(self, episode_id: str, finish_reason: FinishReason) -> Trajectory:
         return Trajectory(episode_id, self.prompt_ids, list(self.response_ids), list(self.logprobs),
                           list(self.versions), finish_reason, loss_mask=list(self.loss_mask),
-                          episode=dict(self.counters))
+                          episode=dict(self.counters), timings=dict(self.timings))

@@ -17,7 +17,9 @@ ends it with finish_reason "length". Calls that cannot be parsed become an error
 An abort during a tool call does not cut the call: the episode waits for it (bounded by
 `tool_timeout_s`), appends its message, and only then stops (the next `generate` returns
 "aborted"), so a resumed episode never runs a tool twice. With `keep_slot=keep` the engine
-keeps the conversation's KV through the tool calls (`EngineClient.keep`). Not here: the tools
+keeps the conversation's KV through the tool calls (`EngineClient.keep`). Each model turn and
+tool call is a span in `Trajectory.timings` that trace.json draws on the episode's lane
+(`EpisodeBuilder.span`; docs/agents.md, "The trace view"). Not here: the tools
 themselves (`asyncrl.tools`), the episode interface (`asyncrl.agents.episode`).
 """
 
@@ -31,6 +33,7 @@ from asyncrl.agents.episode import EngineClient, EpisodeBuilder
 from asyncrl.agents.messages import MessageTemplate
 from asyncrl.config.names import ToolCallFormat
 from asyncrl.config.schema import MultiTurnConfig
+from asyncrl.telemetry import clock
 from asyncrl.types import PromptRow, Trajectory
 
 
@@ -79,9 +82,12 @@ class ToolEpisode:
             room = budget - len(ep.response_ids)
             if room < 1:
                 return ep.trajectory(client.episode_id, "length")
+            start = clock.now()
             turn = await client.generate([*client.prompt_ids, *ep.response_ids], max_tokens=room, prefix=prefix)
             if prefix is None and turn.response_ids:  # a turn is counted once, when it has a token
                 ep.count("num_turns")
+            new = len(turn.response_ids) - (len(prefix.response_ids) if prefix is not None else 0)
+            ep.span("turn", start, clock.now(), turn=ep.get("num_turns"), tokens=new, finish=turn.finish_reason)
             ep.add_model(turn)
             if turn.finish_reason != "stop":  # aborted (kept as an open turn) or out of budget
                 return ep.trajectory(client.episode_id, turn.finish_reason)
@@ -109,8 +115,11 @@ class ToolEpisode:
         if self.cfg.max_parallel_calls:
             allowed = min(allowed, self.cfg.max_parallel_calls)
         run, refused = calls[:allowed], calls[allowed:]
-        results = await asyncio.gather(*(self.tools.run(c, timeout_s=self.cfg.tool_timeout_s,
-                                                        max_chars=self.cfg.max_tool_response_length) for c in run))
+        start = clock.now()
+        ended = await asyncio.gather(*(self._timed(c) for c in run))
+        results = [r for r, _ in ended]
+        for c, (r, end) in zip(run, ended):  # spans from one start: concurrent calls nest in the trace
+            ep.span(f"tool:{c.name}", start, end, status=r.status, seconds=r.seconds, turn=ep.get("num_turns"))
         for r in results:
             ep.count("tool_calls")
             ep.count("tool_time_s", r.seconds)
@@ -123,3 +132,9 @@ class ToolEpisode:
                   f"per episode, max_parallel_calls={self.cfg.max_parallel_calls} per turn)" for c in refused]
         lines += [f"error: {e}" for e in errors]
         return "\n".join(lines)
+
+    async def _timed(self, call: Any) -> tuple[ToolResultLike, float]:
+        """A call's result and the clock when it came back."""
+        result = await self.tools.run(call, timeout_s=self.cfg.tool_timeout_s,
+                                      max_chars=self.cfg.max_tool_response_length)
+        return result, clock.now()

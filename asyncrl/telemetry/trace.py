@@ -10,6 +10,9 @@ Open `OUTPUT_DIR/trace.json` in https://ui.perfetto.dev or chrome://tracing. Wha
   update's start), and the fully async trainer's waits; "sync": each weight sync;
 - "validation": each validation ("validate", with the step); its requests are "val" spans on the
   engines' generation lanes;
+- a multi-turn episode's model turns ("turn", with its number and tokens) and tool calls
+  ("tool:<name>", with status and seconds) as spans inside its "gen" span, on its lane (the
+  `span/...` keys of `Trajectory.timings`, `asyncrl.telemetry.episode_spans`);
 - a flow arrow (`ph` "s" -> "f", category "trained") from each trained response's "gen" span to
   the "train" span of the update that used it: the arrow's length is the sample's staleness;
 - "pipeline": counters sampled at every logged step (`COUNTERS`: running and waiting requests,
@@ -19,7 +22,7 @@ with the driver's), virtual time in the simulator. Recording is a list append un
 nothing is laid out or written until `export` (`asyncrl.telemetry.trace_layout`).
 
 Within `max_events` (long simulated runs), every phase span and counter is kept and the
-per-sample events (a group's "gen"/"val"/"reward" spans and flow arrows) are sampled over the
+per-sample events (a group's "gen"/"val"/"reward", turn and tool spans and flow arrows) are sampled over the
 whole run: the groups numbered 0, s, 2s, ... in the order they are recorded, where the stride s
 doubles (dropping every other kept group) each time the budget fills. The export says so in
 `otherData.sampling`. Only phase events that find no room are dropped (`dropped_events`).
@@ -41,6 +44,7 @@ from typing import Any
 
 from asyncrl.fsutil import atomic_write_text
 from asyncrl.telemetry import clock
+from asyncrl.telemetry.episode_spans import EpisodeSpan, read_spans
 from asyncrl.telemetry.trace_layout import (
     PARENT,
     assign_lanes,
@@ -148,18 +152,22 @@ class Trace:
         number, self.groups = self.groups, self.groups + 1
         if not self.enabled or number % self.stride:
             return
-        if not self._make_room(4 * len(group.trajectories)):  # at most a gen, a reward and a flow's two each
-            self.dropped += 2 * len(group.trajectories)
+        parts = [read_spans(t.timings) for t in group.trajectories]  # an episode's turns and tool calls
+        events = sum(4 + len(p) for p in parts)  # at most a gen, a reward, a flow's two and the parts each
+        if not self._make_room(events):
+            self.dropped += events - 2 * len(group.trajectories)
             return
         if number % self.stride:  # making room doubled the stride past this group
             return
         update = self._updates.get(step) if step is not None else None
-        for t in group.trajectories:
+        for t, spans in zip(group.trajectories, parts):
             engine = t.timings.get("engine")
             where = f"{worker}{int(engine)}" if engine is not None else worker
             gen = self._gen_span(number, t, "val" if validation else "gen", f"{where}/gen")
             if gen is not None and update is not None:
                 self._flows.append((number, gen, update))
+            if gen is not None:
+                self._episode_parts(number, gen, spans)
             start, end = t.timings.get("reward_start"), t.timings.get("reward_end")
             if start is not None and end is not None:
                 self._reward(number, f"{where}/reward", start, end, t.request_id)
@@ -172,6 +180,17 @@ class Trace:
                        {"sample": t.request_id, "version": t.end_version, "tokens": len(t.response_ids)})
         self._samples.append((number, event))
         return event
+
+    def _episode_parts(self, number: int, gen: dict[str, Any], spans: list[EpisodeSpan]) -> None:
+        """An episode's turn and tool spans as children of its "gen" span (so on its lane), cut
+        to it: an earlier segment's (before a resume) fall outside and are left out. Ordered by
+        start, longest first, so that tool calls run at once (one start) nest."""
+        lo, hi = gen["ts"], gen["ts"] + gen["dur"]
+        for s in sorted(spans, key=lambda s: (s.start, s.start - s.end)):
+            start, end = max((s.start - self.origin) * 1e6, lo), min((s.end - self.origin) * 1e6, hi)
+            if end >= start:
+                event = _event(s.name, gen["tid"], start / 1e6, (end - start) / 1e6, dict(s.args))
+                self._samples.append((number, event | {PARENT: gen}))
 
     def _reward(self, number: int, worker: str, start: float, end: float, sample: str) -> None:
         batch = self._batches.get((worker, start, end))
@@ -216,7 +235,8 @@ class Trace:
     def sampling(self) -> dict[str, Any]:
         """What `otherData.sampling` says: which per-sample events were kept."""
         kept = len({g for g, _ in self._samples})
-        return {"kept": "every phase span and counter; per-sample spans (gen, val, reward) and flow arrows "
+        return {"kept": "every phase span and counter; per-sample spans (gen, val, reward, an episode's turns "
+                        "and tool calls) and flow arrows "
                         "of every stride-th group, in the order recorded",
                 "stride": self.stride, "groups": self.groups, "groups_kept": kept,
                 "running_requests": "from the kept spans" if self.stride == 1 else "omitted: sampled spans"}
@@ -265,8 +285,8 @@ class Trace:
             flows = [(gen, update) for _, gen, update in self._flows]
         events = assign_lanes(recorded)
         laid = {id(r): e for r, e in zip(recorded, events)}
-        if self.stride == 1:
-            events += running_counters(events)
+        if self.stride == 1:  # from the top-level spans: an episode's turns are not requests of their own
+            events += running_counters([laid[id(r)] for r in recorded if PARENT not in r])
         pairs = [(laid[id(g)], laid[id(u)]) for g, u in flows if id(g) in laid and id(u) in laid]
         return events + flow_events(pairs, first_flow_id)
 
