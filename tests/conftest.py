@@ -5,8 +5,9 @@
   anything imports triton).
 - Offline: a test that opens a network connection to anything but this machine fails
   (`no_network`); Ray is started on the loopback address for that reason.
-- One warmed-up tiny model (`tiny_cache`) per pytest worker and one Ray cluster (`ray_cluster`)
-  per test run: `./run.sh test` runs two xdist workers, and the tests on Ray all go to one.
+- One warmed-up tiny model (`tiny_cache`; `tiny_tools_cache` for tiny-tools) per pytest worker
+  and one Ray cluster (`ray_cluster`) per test run: `./run.sh test` runs two xdist workers, and
+  the tests on Ray all go to one.
 """
 
 from __future__ import annotations
@@ -64,21 +65,36 @@ def no_network():
 
 
 @pytest.fixture(scope="session")
-def tiny_cache(tmp_path_factory):
-    """The tiny model, built and warmed up once per test run into a temporary cache, or once for
-    good into $ASYNCRL_TEST_CACHE where that is set (a GPU session carries it: no rebuild there)."""
-    from asyncrl.models.tiny import load_tiny
-
+def model_cache(tmp_path_factory):
+    """The built-in models' cache of this test run ($ASYNCRL_CACHE while it lasts): a temporary
+    directory, or $ASYNCRL_TEST_CACHE where that is set (a GPU session carries it: no rebuild there)."""
     cache = Path(os.environ["ASYNCRL_TEST_CACHE"]) if os.environ.get("ASYNCRL_TEST_CACHE") else \
         tmp_path_factory.mktemp("asyncrl-cache")
     old = os.environ.get("ASYNCRL_CACHE")
     os.environ["ASYNCRL_CACHE"] = str(cache)
-    load_tiny(cache, log=lambda _: None)
     yield cache
     if old is None:
         os.environ.pop("ASYNCRL_CACHE", None)
     else:
         os.environ["ASYNCRL_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(model_cache):
+    """The tiny model, built and warmed up once per test run (or once for good) in `model_cache`."""
+    from asyncrl.models.tiny import load_tiny
+
+    load_tiny(model_cache, log=lambda _: None)
+    return model_cache
+
+
+@pytest.fixture(scope="session")
+def tiny_tools_cache(model_cache):
+    """The tiny-tools model, built and warmed up once per test run (or once for good) in `model_cache`."""
+    from asyncrl.models.tiny_tools import load_tiny_tools
+
+    load_tiny_tools(model_cache, log=lambda _: None)
+    return model_cache
 
 
 def start_ray() -> None:

@@ -263,9 +263,11 @@ VERL_DEFAULTS: dict[str, Any] = {
     "model.enable_gradient_checkpointing": True, "data.max_prompt_length": 512, "data.max_response_length": 512,
 }
 """verl's defaults (in our units) where they differ from ours in what a run trains, applied to every
-model but the built-in tiny one (whose defaults are ours), whatever names the command line uses."""
+model but the built-in toy ones (`TOY_MODELS`, whose defaults are ours), whatever names the command line uses."""
 TINY = "tiny"
 """The built-in toy model (`model.path`'s default), which keeps asyncrl's own defaults."""
+TOY_MODELS = (TINY, "tiny-tools")
+"""The built-in toy models (tiny-tools: the tool task's), which keep asyncrl's own defaults."""
 
 OVERRIDE_CONFIG = "actor_rollout_ref.model.override_config."
 """verl's overrides of the model's HF config; only max_position_embeddings is modelled."""
@@ -390,7 +392,7 @@ def _derive(t: Translation, entry: str | None) -> None:
         v.setdefault("actor.warmup_steps", -1)
     if v.get("data.truncation", "error") != "error":  # a cut asked for is made, not a drop (verl filters if told)
         v.setdefault("data.filter_overlong_prompts", False)
-    if v.get("model.path", TINY) != TINY:
+    if v.get("model.path", TINY) not in TOY_MODELS:
         for key, value in VERL_DEFAULTS.items():
             v.setdefault(key, value)
     gpus = any((v.get(f"{side}.n_gpus_per_node") or 0) > 0 for side in ("trainer", "rollout"))

