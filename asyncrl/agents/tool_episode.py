@@ -36,6 +36,9 @@ from asyncrl.config.schema import MultiTurnConfig
 from asyncrl.telemetry import clock
 from asyncrl.types import PromptRow, Trajectory
 
+SPAN_NAME_CHARS = 64
+"""Characters of a tool's name kept in its trace span's name ("tool:<name>")."""
+
 
 class ToolCallLike(Protocol):
     @property
@@ -119,7 +122,8 @@ class ToolEpisode:
         ended = await asyncio.gather(*(self._timed(c) for c in run))
         results = [r for r, _ in ended]
         for c, (r, end) in zip(run, ended):  # spans from one start: concurrent calls nest in the trace
-            ep.span(f"tool:{c.name}", start, end, status=r.status, seconds=r.seconds, turn=ep.get("num_turns"))
+            name = c.name[:SPAN_NAME_CHARS]  # an unknown tool's name is whatever the model wrote
+            ep.span(f"tool:{name}", start, end, status=r.status, seconds=r.seconds, turn=ep.get("num_turns"))
         for r in results:
             ep.count("tool_calls")
             ep.count("tool_time_s", r.seconds)

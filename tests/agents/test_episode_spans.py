@@ -63,3 +63,10 @@ def test_a_resumed_episode_records_its_own_segment_and_keeps_the_turn_number():
     spans = read_spans(resumed.timings)
     assert [(s.name, s.args["turn"], s.args["tokens"]) for s in spans] == [
         ("turn", 2, len(TOK.encode(ANSWER + TOK.eos_token, add_special_tokens=False)) - 3)]
+
+
+def test_a_tool_name_the_model_made_up_is_cut_in_its_span_name():
+    long_name = "calc" * 30
+    traj = run(ScriptedModel(lambda k: f"<tool_call>{long_name} 1</tool_call>" if k == 0 else ANSWER))
+    tool = read_spans(traj.timings)[1]
+    assert tool.name == "tool:" + long_name[:64] and tool.args["status"] == "unknown_tool"
