@@ -4,7 +4,8 @@ Pure functions over (B, T) response-token tensors plus a mask, looked up by name
 registries keyed by the config's `Literal` names (`asyncrl.config.names`, which imports only
 `typing`). The trainer passes the batch's loss mask (`TrainBatch.loss_mask`): the model's own
 tokens, so a multi-turn episode's tool text (attended context, no behaviour log-prob) enters
-no loss, KL, entropy, ratio or advantage; whatever sits at a masked position changes nothing. No config objects, no devices, no I/O; nothing else from the rest of asyncrl.
+no loss, KL, entropy, ratio or advantage; whatever sits at a masked position changes nothing.
+No config objects, no devices, no I/O; nothing else from the rest of asyncrl.
 """
 
 from asyncrl.algorithms.advantages import (
