@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # device's out-of-memory error as ours, atomic files. Above the pure core, so scheduling/ and
     # algorithms/ cannot reach clocks, threads, files or workers.
     ("asyncrl.rewards", "asyncrl.data", "asyncrl.models", "asyncrl.roles", "asyncrl.telemetry",
-     "asyncrl.compute", "asyncrl.oom", "asyncrl.fsutil", "asyncrl.tools", "asyncrl.agents"),
+     "asyncrl.compute", "asyncrl.oom", "asyncrl.fsutil", "asyncrl.user_code", "asyncrl.tools", "asyncrl.agents"),
     # The pure core: policies shared by pipelines and the simulator, then tensor functions.
     ("asyncrl.scheduling",),
     ("asyncrl.algorithms",),

@@ -10,12 +10,8 @@ A name that does not resolve is a ConfigError naming the key, raised when the se
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import inspect
 import json
-import os
-import sys
 from typing import Any, cast
 
 from asyncrl.agents.episode import Episode
@@ -25,6 +21,7 @@ from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.config.schema import DataConfig, MultiTurnConfig
 from asyncrl.data.tokenization import template_kwargs
 from asyncrl.errors import ConfigError
+from asyncrl.user_code import import_module_or_file
 
 KEY = "rollout.multi_turn.episode"
 
@@ -60,7 +57,7 @@ def load_episode(spec: str) -> Episode:
     if not sep or not where or not name:
         raise ConfigError(f"{KEY} must look like 'package.module:function' or 'file.py:function', got {spec!r}")
     try:
-        module = _import_file(where) if where.endswith(".py") or os.sep in where else importlib.import_module(where)
+        module = import_module_or_file(where, "asyncrl_custom_episode_")
     except Exception as exc:  # a user's module can fail to import in any way
         raise ConfigError(f"{KEY}={spec!r}: cannot import {where!r} ({type(exc).__name__}: {exc})") from exc
     fn = getattr(module, name, None)
@@ -70,18 +67,6 @@ def load_episode(spec: str) -> Episode:
     if not inspect.iscoroutinefunction(target):
         raise ConfigError(f"{KEY}={spec!r}: {name!r} must be an async function (row, client, partial) -> Trajectory")
     return cast(Episode, fn)
-
-
-def _import_file(path: str) -> Any:
-    if not os.path.isfile(path):
-        raise ImportError(f"no such file: {path}")
-    module_name = "asyncrl_custom_episode_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(module_name, os.path.abspath(path))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def message_template_kwargs(data: DataConfig) -> dict[str, Any]:

@@ -14,14 +14,12 @@ This module only finds functions. Running them safely (timeouts, errors as resul
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from asyncrl.errors import ConfigError
+from asyncrl.user_code import import_module_or_file
 
 RewardFn = Callable[[str, str, str, dict[str, Any]], "float | dict[str, Any]"]
 RewardStatus = Literal["ok", "error", "timeout", "invalid"]
@@ -91,25 +89,13 @@ def load_custom_function(spec: str) -> RewardFn:
     if not sep or not where or not name:
         raise ConfigError(f"reward.custom_function must look like 'file.py:fn' or 'module:fn', got '{spec}'")
     try:
-        module = _import_file(where) if where.endswith(".py") or os.sep in where else importlib.import_module(where)
+        module = import_module_or_file(where, "asyncrl_custom_reward_")
     except Exception as exc:  # a user's module can fail to import in any way
         raise ConfigError(f"reward.custom_function: cannot import '{where}': {exc}") from exc
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ConfigError(f"reward.custom_function: '{where}' has no function '{name}'")
     return fn
-
-
-def _import_file(path: str) -> Any:
-    if not os.path.isfile(path):
-        raise ImportError(f"no such file: {path}")
-    module_name = "asyncrl_custom_reward_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(module_name, os.path.abspath(path))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # so its functions pickle by reference in this process
-    spec.loader.exec_module(module)
-    return module
 
 
 def _load_builtins() -> None:
