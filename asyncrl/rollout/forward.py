@@ -23,7 +23,7 @@ hit (`prefill_after`) runs eagerly, one attention call per row.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Protocol, cast
 
@@ -303,18 +303,10 @@ class BatchedForward:
         (R, V) float32, into `out` when given. Every shape is fixed by the layout, and nothing is
         read back to the host: a CUDA graph can capture it.
         """
-        n = packed.ids.shape[0]
-        h = self.base.embed_tokens(packed.ids)[None]  # (1, N, hidden)
-        cos, sin = self.base.rotary_emb(h, packed.positions[None])  # (1, N, D)
-        cos, sin = cos[:, :, None], sin[:, :, None]
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, _rms_norm(layer.input_layernorm, h), cos, sin)  # (1, N, heads, D)
-            cache.keys[i][packed.slots, :, packed.positions] = k[0]
-            cache.values[i][packed.slots, :, packed.positions] = v[0]
-            attended = packed_attention(q[0], k[0], v[0], packed, path, self.scaling)  # (N, H, D)
-            h = h + layer.self_attn.o_proj(attended.reshape(1, n, self.num_heads * self.head_dim))
-            h = self._mlp_residual(layer, h)
-        return self._logits(h[0].index_select(0, packed.last), out)
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return packed_attention(q, k, v, packed, path, self.scaling)
+
+        return self._logits(self._packed_layers(cache, packed, attend), out)
 
     def prefill_after(self, cache: SlotKVCache, packed: PackedPrompts, starts: Sequence[int],
                       first_slot: int) -> torch.Tensor:
@@ -322,6 +314,15 @@ class BatchedForward:
         (prefix-cache hits): the packed tokens sit at positions starts[r].. (`pack_prompts(...,
         starts=)`) and attend the cached positions before them as well as each other. One causal
         attention call per row over its slot (`cached_attention`). Returns (R, V) float32 logits."""
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return cached_attention(q, cache.keys[i], cache.values[i], packed.lengths, starts, first_slot, self.scaling)
+
+        return self._logits(self._packed_layers(cache, packed, attend))
+
+    def _packed_layers(self, cache: SlotKVCache, packed: PackedPrompts,
+                       attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The layers over packed tokens, each token's K/V written to its (slot, position) first;
+        `attend(layer, q, k, v)` -> (N, H, D). Returns each row's last token's hidden state (R, hidden)."""
         n = packed.ids.shape[0]
         h = self.base.embed_tokens(packed.ids)[None]  # (1, N, hidden)
         cos, sin = self.base.rotary_emb(h, packed.positions[None])  # (1, N, D)
@@ -330,8 +331,7 @@ class BatchedForward:
             q, k, v = self._qkv(layer, _rms_norm(layer.input_layernorm, h), cos, sin)  # (1, N, heads, D)
             cache.keys[i][packed.slots, :, packed.positions] = k[0]
             cache.values[i][packed.slots, :, packed.positions] = v[0]
-            attended = cached_attention(q[0], cache.keys[i], cache.values[i], packed.lengths, starts, first_slot,
-                                        self.scaling)  # (N, H, D)
+            attended = attend(i, q[0], k[0], v[0])  # (N, H, D)
             h = h + layer.self_attn.o_proj(attended.reshape(1, n, self.num_heads * self.head_dim))
             h = self._mlp_residual(layer, h)
-        return self._logits(h[0].index_select(0, packed.last))
+        return h[0].index_select(0, packed.last)
