@@ -13,24 +13,35 @@ What the classifier reads:
   assistant turn through its chat template (a raw-text prompt, or a tokenizer without a template:
   prompt text + response text).
 Longer inputs than `reward.model_max_length` (0: the model's positions) keep their last tokens,
-where the classifier reads its score. Responses are scored `reward.model_batch_size` at a time,
-padded, in order of length (a batch pads little); the result does not depend on the batching.
+where the classifier reads its score. Responses are scored `reward.model_batch_size` at a time, in
+order of length; the result does not depend on the batching.
+
+How a batch runs (`path`, chosen once when the model is built):
+- "packed": the batch's rows back to back as one (1, N) row, no padding, the way the trainer's
+  reference and old-log-prob forwards run (`asyncrl.training.packing`): the classifier's base
+  model (`base_model_prefix`) switched to `packed_attention` (varlen on CUDA in bf16/fp16, grouped
+  sdpa on the CPU) and checked by the trainer's `check_packing`, then its `score` head on each
+  row's pooled position (the last token that is not the pad id, where the model's own pooling
+  reads). Linear layers run on real tokens only.
+- "padded": the whole classifier on a right-padded batch, for what packing does not take: no
+  `score` head or base model, a sliding window (packed rows would need transformers' dense mask),
+  or a model `check_packing` refuses (`refusal` says why).
 With a `compute` executor (the rollout side's compute thread, `asyncrl.compute`) the forwards run
 there, between engine steps.
 
 `combine` is how its score joins the rule reward. Not here: where the model runs (the reward
-worker, `asyncrl.workers.reward`), the rule rewards (`asyncrl.rewards`). No packing: rows are
-padded per batch.
+worker, `asyncrl.workers.reward`), the rule rewards (`asyncrl.rewards`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from asyncrl.errors import ConfigError
 from asyncrl.rewards.registry import RewardResult
@@ -44,6 +55,8 @@ if TYPE_CHECKING:
 
 KEY = "reward.model_path"
 T = TypeVar("T")
+ForwardPath = Literal["packed", "padded"]
+log = logging.getLogger(__name__)
 
 
 def check_reward_model_path(path: str) -> None:
@@ -117,6 +130,11 @@ class RewardModel:
         self.batch_size = batch_size
         self.max_length = max_length
         self.compute = compute
+        self.refusal = packing_refusal(self.model)
+        """Why batches run padded ("" when they run packed)."""
+        self.path: ForwardPath = "padded" if self.refusal else "packed"
+        if self.refusal:
+            log.info("reward model: padded batches (%s)", self.refusal)
 
     @classmethod
     def load(cls, cfg: RewardConfig, policy_tokenizer: PreTrainedTokenizerBase, device: str = "cpu",
@@ -154,7 +172,7 @@ class RewardModel:
         scores = [0.0] * len(inputs)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
-            for i, s in zip(chunk, self._run(self._forward, [inputs[i] for i in chunk])):
+            for i, s in zip(chunk, self._run(self.forward, [inputs[i] for i in chunk])):
                 scores[i] = s
         return scores
 
@@ -173,7 +191,41 @@ class RewardModel:
     def _run(self, fn: Callable[[T], list[float]], arg: T) -> list[float]:
         return self.compute.submit(fn, arg).result() if self.compute is not None else fn(arg)
 
-    def _forward(self, batch: list[list[int]]) -> list[float]:
+    def forward(self, batch: list[list[int]], path: ForwardPath | None = None) -> list[float]:
+        """One score per row of token ids, by `path` (default: the model's `self.path`)."""
+        import torch
+
+        try:
+            with torch.no_grad():
+                scores = (self._packed if (path or self.path) == "packed" else self._padded)(batch)
+        except torch.OutOfMemoryError:
+            raise ConfigError(f"reward.model_batch_size={self.batch_size}: a batch of {len(batch)} rows "
+                              f"({sum(map(len, batch))} tokens, the longest {max(map(len, batch))}) does not fit "
+                              "in the reward model's device memory; lower it") from None
+        return [float(v) for v in scores.float().cpu()]
+
+    def _packed(self, batch: list[list[int]]) -> torch.Tensor:
+        """The rows as one (1, N) packed row through the base model, the head at each row's pooled
+        position. # (B,)"""
+        import torch
+
+        from asyncrl.training.packed_attention import ROWS
+
+        device = next(self.model.parameters()).device
+        lengths = [len(ids) for ids in batch]
+        bounds = torch.tensor([0, *lengths]).cumsum(0)  # (B+1,)
+        ids = torch.tensor([t for row in batch for t in row], dtype=torch.long)[None].to(device)  # (1, N)
+        positions = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
+        cu = bounds.to(device, torch.int32)
+        base = getattr(self.model, self.model.base_model_prefix)
+        hidden = base(input_ids=ids, position_ids=positions, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                      max_length_q=max(lengths), max_length_k=max(lengths), use_cache=False,
+                      **{ROWS: tuple(lengths)}).last_hidden_state  # (1, N, H)
+        read = torch.tensor([start + pooled_index(row, self.pad_id) for start, row in zip(bounds.tolist(), batch)])
+        return cast(Any, self.model).score(hidden[0, read.to(device)])[:, 0]
+
+    def _padded(self, batch: list[list[int]]) -> torch.Tensor:
+        """The whole classifier on the rows right-padded to the longest. # (B,)"""
         import torch
 
         device = next(self.model.parameters()).device
@@ -183,13 +235,39 @@ class RewardModel:
         for row, ids in enumerate(batch):
             input_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
             mask[row, :len(ids)] = 1
-        try:
-            with torch.no_grad():
-                logits = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
-        except torch.OutOfMemoryError:
-            raise ConfigError(f"reward.model_batch_size={self.batch_size}: a batch of {len(batch)} x {width} "
-                              "tokens does not fit in the reward model's device memory; lower it") from None
-        return [float(v) for v in logits[:, 0].float().cpu()]
+        return self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits[:, 0]
+
+
+def pooled_index(ids: Sequence[int], pad_id: int) -> int:
+    """Where a sequence classifier reads its score in one row: the last token that is not the pad
+    id (transformers' `*ForSequenceClassification` pooling), the last token if all are.
+    Example: ids [5, 7, 0], pad 0 -> 1."""
+    return next((i for i in range(len(ids) - 1, -1, -1) if ids[i] != pad_id), len(ids) - 1)
+
+
+def packing_refusal(model: PreTrainedModel) -> str:
+    """Why `model` cannot score packed rows ("" if it can, after switching its base model to
+    `packed_attention` and checking it the trainer's way; a refused model keeps its attention)."""
+    from torch import nn
+
+    from asyncrl.training.packed_attention import use_packed_attention
+    from asyncrl.training.packing import check_packing
+
+    config = model.config
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    if base is None or not isinstance(getattr(model, "score", None), nn.Module):
+        return f"{type(model).__name__} has no base model and `score` head to run apart"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return f"{type(model).__name__} has a sliding window ({config.sliding_window} tokens)"
+    before = getattr(config, "_attn_implementation", None)
+    try:
+        use_packed_attention(base)
+        check_packing(base, logits=False)
+    except (ConfigError, TypeError, ValueError) as exc:
+        if before is not None and getattr(config, "_attn_implementation", None) != before:
+            base.set_attn_implementation(before)
+        return str(exc)
+    return ""
 
 
 def _token_ids(encoded: Any) -> list[int]:

@@ -258,3 +258,49 @@ def test_the_simulator_adds_a_forward_pass_to_the_reward_time() -> None:
     assert same == lengths  # the same responses, from the same seed
     forward = costs.reward_model_seconds(load_profile("h20-qwen2.5-7b"), np.array(lengths), 2, 2 * (1024 + 4096))
     assert forward > 0 and with_model - plain == pytest.approx(forward, rel=1e-9, abs=1e-9)
+
+
+def test_batches_run_packed_and_score_as_padded(tmp_path: Path) -> None:
+    """The tiny Llama classifier runs its batches as one packed row (the trainer's packed
+    attention, grouped sdpa on the CPU), scoring what the padded classifier scores, within
+    float32's rounding over the sums of its forward (`chain_terms`) and the head."""
+    from asyncrl.training.packed_attention import PATHS
+    from tests.rollout.test_rollout_prefill import chain_terms
+    from tests.tolerances import sum_error
+
+    tok = build_char_tokenizer()
+    classifier(tok, seed=6).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    rm = RewardModel.load(RewardConfig(model_path=str(tmp_path)), tok)
+    assert (rm.path, rm.refusal) == ("packed", "")
+    pairs = responses(9, seed=7)
+    rows, trajs = zip(*(row_and_trajectory(tok, q, r, i) for i, (q, r) in enumerate(pairs)))
+    batch = [rm.input_ids(r, t, "") for r, t in zip(rows, trajs)]
+    assert len({len(ids) for ids in batch}) > 1  # rows of different lengths: the padded batch pads
+    before = PATHS["grouped"]
+    packed = rm.forward(batch)
+    assert PATHS["grouped"] - before == rm.model.config.num_hidden_layers  # one packed attention call per layer
+    padded = rm.forward(batch, "padded")
+    terms = chain_terms(rm.model, rm.model.config.num_hidden_layers, max(map(len, batch))) \
+        + rm.model.config.hidden_size  # + the score head
+    bound = sum_error(torch.float32, terms, max(abs(s) for s in padded))
+    assert packed == pytest.approx(padded, rel=0, abs=bound)
+    assert rm.score(rows, trajs, [r for _, r in pairs]) == pytest.approx(padded, rel=0, abs=bound)
+
+
+def test_a_sliding_window_classifier_runs_padded(tmp_path: Path) -> None:
+    from transformers import MistralConfig, MistralForSequenceClassification
+
+    tok = build_char_tokenizer()
+    config = MistralConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, intermediate_size=32, sliding_window=8,
+                           pad_token_id=tok.pad_token_id, num_labels=1)
+    MistralForSequenceClassification(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    rm = RewardModel.load(RewardConfig(model_path=str(tmp_path)), tok)
+    assert rm.path == "padded" and "sliding window (8 tokens)" in rm.refusal
+    assert rm.model.config._attn_implementation == "sdpa"  # left as it was
+    ids = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [5, 6, 7]]
+    with torch.no_grad():
+        alone = [rm.model(input_ids=torch.tensor([row])).logits[0, 0].item() for row in ids]
+    assert rm.forward(ids) == pytest.approx(alone, rel=1e-5, abs=1e-6)
