@@ -148,10 +148,11 @@ def encode_traces(traces: Sequence[Sequence[tuple[list[int], bool]]], pad_id: in
 def tool_loop_accuracy(model: PreTrainedModel, tok: PreTrainedTokenizerBase, questions: Sequence[str],
                        answers: Sequence[str], *, tools: bool, temperature: float = 0.0,
                        max_turn_tokens: int = 48) -> dict[str, float]:
-    """Score on long additions with a scripted exact calculator: turn 1, then (where it wrote a
-    well-formed calculator call and `tools`) the tool's message and turn 2. Returns `accuracy`
-    (the task's reward), `calls` (share with a well-formed call, answered or not) and `copied`
-    (accuracy among the answered calls)."""
+    """Score on long additions with a scripted exact calculator: turn 1, then, where it wrote a
+    well-formed calculator call and with `tools` (the prompt lists the tools, the calls are
+    answered; without, a call goes unanswered and ends the episode), the tool's message and turn 2.
+    Returns `accuracy` (the task's reward), `calls` (share with a well-formed call, answered or
+    not) and `copied` (accuracy among the answered calls: the question and the result both copied)."""
     schemas = tool_schemas() if tools else None
     prompts = [chat_ids(tok, [{"role": "user", "content": q}], schemas) for q in questions]
     first = generate(model, tok, prompts, temperature, max_turn_tokens)
@@ -164,8 +165,7 @@ def tool_loop_accuracy(model: PreTrainedModel, tok: PreTrainedTokenizerBase, que
         second = generate(model, tok, [prompts[i] + context[i] for i in todo], temperature, max_turn_tokens)
         for i, ids in zip(todo, second):
             responses[i] = context[i] + ids
-    scores = [long_addition_score(text(tok, r), a)["score"]
-              for r, a in zip(responses, answers)]
+    scores = [long_addition_score(text(tok, r), a)["score"] for r, a in zip(responses, answers)]
     copied = [scores[i] for i in todo]
     return {"accuracy": sum(scores) / len(scores), "calls": sum(c is not None for c in calls) / len(scores),
             "copied": sum(copied) / len(copied) if copied else 0.0}
