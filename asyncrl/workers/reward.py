@@ -44,7 +44,7 @@ from asyncrl.rewards.code_exec import CODE_SOURCES, count_tests
 from asyncrl.rewards.reward_model import RewardModel, combine
 from asyncrl.rewards.runner import Outcome
 from asyncrl.scheduling.adaptive_timeout import AdaptiveTimeout
-from asyncrl.types import Group, PromptRow, Trajectory
+from asyncrl.types import Group, Mode, PromptRow, Trajectory
 
 DEFAULT_WINDOW = 64
 """Responses judged together when the owner does not say (it passes train_batch_size * rollout.n)."""
@@ -73,7 +73,9 @@ class RewardWorker:
         self.overlong_max_len = cfg.overlong_max_len or max_response_length
         self.reward_model = reward_model
         self.rules = reward_model is None or cfg.rule_weight != 0
-        """Whether rule rewards run: not for a reward model alone (rule_weight 0), as verl."""
+        """Whether rule rewards run in training: not for a reward model alone (rule_weight 0), as verl."""
+        self._has_rule: dict[str, bool] = {}
+        """Data source -> whether a rule scores it (validation with a reward model)."""
 
     def check(self, rows: Iterable[PromptRow]) -> None:
         """Resolve and signature-check every data source's function now (ConfigError if wrong)."""
@@ -82,15 +84,18 @@ class RewardWorker:
         for source in sorted({r.data_source for r in rows}):
             check_signature(resolve_reward_fn(source, self.cfg.custom_function or None), self.cfg.custom_function)
 
-    def score(self, rows: Sequence[PromptRow], trajectories: Sequence[Trajectory]) -> None:
+    def score(self, rows: Sequence[PromptRow], trajectories: Sequence[Trajectory], mode: Mode = "train") -> None:
         """Set reward, details and status on each trajectory (rows[i] is trajectory i's prompt).
+        `mode` "val" (validation, `asyncrl eval`): with a reward model, the rule alone
+        (`_validation_results`).
 
         Raises RewardError (after setting them) when too many recent rewards failed.
         """
         texts = self.tokenizer.batch_decode([list(t.response_ids) for t in trajectories], skip_special_tokens=True)
         if self.code_timeouts is not None:
             rows = [self.code_timeouts.attach(r) for r in rows]
-        results = self._results(rows, trajectories, texts)
+        results = self._validation_results(rows, trajectories, texts) if mode == "val" and self.reward_model \
+            else self._results(rows, trajectories, texts)
         for row, traj, result in zip(rows, trajectories, results):
             if self.cfg.overlong_buffer:
                 result = add_terms(result, {"overlong_penalty": length_penalty(
@@ -106,23 +111,54 @@ class RewardWorker:
     def _results(self, rows: Sequence[PromptRow], trajectories: Sequence[Trajectory],
                  texts: Sequence[str]) -> list[RewardResult]:
         """The rule rewards (unless only the reward model scores), with the reward model's score added."""
-        rules: list[RewardResult | None] = [None] * len(rows)
-        if self.rules and self.functions is not None:
-            scored = self.functions.score(rows, texts)
-            for row, result in zip(rows, scored):
-                self.stats.record(Outcome(result, result.error), row.data_source)
-            rules = list(scored)
-        elif self.rules:
-            rules = list(score_batch(rows, texts, pool=self.pool, stats=self.stats,
-                                     defaults={"gsm8k_method": self.cfg.gsm8k_method}))
+        rules: list[RewardResult | None] = list(self._rule_results(rows, texts)) if self.rules else [None] * len(rows)
         if self.reward_model is None:
             return [r for r in rules if r is not None]
         scores = self.reward_model.score(rows, trajectories, texts)
         return [combine(r, s, self.cfg.rule_weight, self.cfg.model_weight) for r, s in zip(rules, scores)]
 
-    def score_groups(self, groups: Sequence[Group]) -> None:
+    def _rule_results(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> list[RewardResult]:
+        """The rule rewards: `reward.functions`, else each data source's function."""
+        if self.functions is None:
+            return score_batch(rows, texts, pool=self.pool, stats=self.stats,
+                               defaults={"gsm8k_method": self.cfg.gsm8k_method})
+        scored = self.functions.score(rows, texts)
+        for row, result in zip(rows, scored):
+            self.stats.record(Outcome(result, result.error), row.data_source)
+        return list(scored)
+
+    def _validation_results(self, rows: Sequence[PromptRow], trajectories: Sequence[Trajectory],
+                            texts: Sequence[str]) -> list[RewardResult]:
+        """Validation with a reward model scores as verl's `_validate` does, with the rule (its
+        `val_reward_fn`, whatever `reward_model.enable`): the rule's score alone, unweighted, so
+        val accuracy and pass@k read the task's verifier. A data source no rule scores (verl
+        skips validating it): the reward model's weighted score, as in training."""
+        assert self.reward_model is not None
+        ruled = [i for i, r in enumerate(rows) if self.has_rule(r.data_source)]
+        rest = [i for i, r in enumerate(rows) if not self.has_rule(r.data_source)]
+        results: dict[int, RewardResult] = dict(zip(ruled, self._rule_results([rows[i] for i in ruled],
+                                                                               [texts[i] for i in ruled])))
+        if rest:
+            scores = self.reward_model.score([rows[i] for i in rest], [trajectories[i] for i in rest],
+                                             [texts[i] for i in rest])
+            results |= {i: combine(None, s, 0.0, self.cfg.model_weight) for i, s in zip(rest, scores)}
+        return [results[i] for i in range(len(rows))]
+
+    def has_rule(self, data_source: str) -> bool:
+        """Whether a rule scores `data_source`: `reward.functions`, `reward.custom_function` or a
+        built-in scorer for it."""
+        if data_source not in self._has_rule:
+            try:
+                if self.functions is None:
+                    resolve_reward_fn(data_source, self.cfg.custom_function or None)
+                self._has_rule[data_source] = True
+            except ConfigError:
+                self._has_rule[data_source] = False
+        return self._has_rule[data_source]
+
+    def score_groups(self, groups: Sequence[Group], mode: Mode = "train") -> None:
         rows = [g.row for g in groups for _ in g.trajectories]
-        self.score(rows, [t for g in groups for t in g.trajectories])
+        self.score(rows, [t for g in groups for t in g.trajectories], mode)
 
     def metrics(self) -> dict[str, float]:
         metrics = self.stats.metrics()

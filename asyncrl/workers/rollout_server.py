@@ -70,7 +70,8 @@ class RolloutServer:
         earlier = {t.request_id: t for t in partials}
         scoring: dict[str, asyncio.Task[None]] = {}
         requests = self.requests.group(row, n, uid, mode)
-        tasks = [asyncio.ensure_future(self._generate(r, earlier.get(r.request_id), row, score, scoring))
+        tasks = [asyncio.ensure_future(self._generate(r, earlier.get(r.request_id), row, score, scoring,
+                                                           mode))
                  for r in requests]
         try:
             trajectories = await (self._first(tasks, [r.request_id for r in requests], keep) if keep
@@ -84,15 +85,15 @@ class RolloutServer:
                 t.reward_status = "aborted"
         finished = group.unaborted()
         if score and finished.trajectories:
-            await self._scored(finished, scoring)
+            await self._scored(finished, scoring, mode)
         return group
 
     async def _generate(self, request: GenerationRequest, earlier: Trajectory | None, row: PromptRow,
-                        score: bool, scoring: dict[str, asyncio.Task[None]]) -> Trajectory:
+                        score: bool, scoring: dict[str, asyncio.Task[None]], mode: Mode) -> Trajectory:
         traj = await (self._resume_or_sample(request, earlier) if self.episode is None
                       else self._run_episode(request, earlier, row))
         if score and self.score_each and traj.finish_reason != "aborted":  # while the others generate
-            scoring[traj.request_id] = asyncio.create_task(self._score_one(row, traj))
+            scoring[traj.request_id] = asyncio.create_task(self._score_one(row, traj, mode))
         return traj
 
     async def _first(self, tasks: Sequence[asyncio.Future[Trajectory]], ids: list[str], keep: int) -> list[Trajectory]:
@@ -111,21 +112,22 @@ class RolloutServer:
         return kept + [t if t.finish_reason == "aborted" else dataclasses.replace(t, finish_reason="aborted")
                        for t in sorted(cut, key=lambda t: order[t.request_id])]
 
-    async def _scored(self, group: Group, scoring: dict[str, asyncio.Task[None]]) -> None:
+    async def _scored(self, group: Group, scoring: dict[str, asyncio.Task[None]], mode: Mode) -> None:
         if not self.score_each:
-            await self.score([group])
+            await self.score([group], mode)
             return
         await asyncio.gather(*(scoring[t.request_id] for t in group.trajectories))
         for rid in scoring.keys() - {t.request_id for t in group.trajectories}:
             scoring[rid].cancel()  # a finisher cut by `keep`: its score is not needed
 
-    async def _score_one(self, row: PromptRow, traj: Trajectory) -> None:
-        await self.score([Group(uid=traj.request_id, row=row, trajectories=[traj])])
+    async def _score_one(self, row: PromptRow, traj: Trajectory, mode: Mode) -> None:
+        await self.score([Group(uid=traj.request_id, row=row, trajectories=[traj])], mode)
 
-    async def score(self, groups: list[Group]) -> list[Group]:
-        """Rewards in the reward process pool (waited for on a thread), so the engine keeps stepping."""
+    async def score(self, groups: list[Group], mode: Mode = "train") -> list[Group]:
+        """Rewards in the reward process pool (waited for on a thread), so the engine keeps stepping;
+        `mode` "val": as validation scores (`RewardWorker.score`)."""
         start = clock.now()
-        await asyncio.to_thread(self.reward.score_groups, groups)
+        await asyncio.to_thread(self.reward.score_groups, groups, mode)
         end = clock.now()
         for t in (t for g in groups for t in g.trajectories):
             t.timings |= {"reward_start": start, "reward_end": end}

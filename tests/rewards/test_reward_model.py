@@ -10,6 +10,7 @@ import random
 import string
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -260,12 +261,23 @@ def test_the_simulator_adds_a_forward_pass_to_the_reward_time() -> None:
     assert forward > 0 and with_model - plain == pytest.approx(forward, rel=1e-9, abs=1e-9)
 
 
+def forward_terms(config: LlamaConfig, longest: int) -> int:
+    """Terms of the sums from the embedding to the score, each a place where two summation orders
+    (packed or padded, other sdpa kernels) round differently: per layer q/k/v (hidden), scores
+    (head_dim), the weighted values (the longest row), o (heads x head_dim), gate/up (hidden),
+    down (intermediate); then the score head (hidden). `sum_error` over them all bounds what
+    reaches the score (RMSNorm renormalises; n eps is the worst case, tests/tolerances.py)."""
+    head_dim = config.hidden_size // config.num_attention_heads
+    per_layer = 2 * config.hidden_size + head_dim + longest + config.num_attention_heads * head_dim \
+        + config.intermediate_size
+    return config.num_hidden_layers * per_layer + config.hidden_size
+
+
 def test_batches_run_packed_and_score_as_padded(tmp_path: Path) -> None:
     """The tiny Llama classifier runs its batches as one packed row (the trainer's packed
     attention, grouped sdpa on the CPU), scoring what the padded classifier scores, within
-    float32's rounding over the sums of its forward (`chain_terms`) and the head."""
+    float32's rounding over the sums of its forward (`forward_terms`)."""
     from asyncrl.training.packed_attention import PATHS
-    from tests.rollout.test_rollout_prefill import chain_terms
     from tests.tolerances import sum_error
 
     tok = build_char_tokenizer()
@@ -281,9 +293,7 @@ def test_batches_run_packed_and_score_as_padded(tmp_path: Path) -> None:
     packed = rm.forward(batch)
     assert PATHS["grouped"] - before == rm.model.config.num_hidden_layers  # one packed attention call per layer
     padded = rm.forward(batch, "padded")
-    terms = chain_terms(rm.model, rm.model.config.num_hidden_layers, max(map(len, batch))) \
-        + rm.model.config.hidden_size  # + the score head
-    bound = sum_error(torch.float32, terms, max(abs(s) for s in padded))
+    bound = sum_error(torch.float32, forward_terms(rm.model.config, max(map(len, batch))), max(map(abs, padded)))
     assert packed == pytest.approx(padded, rel=0, abs=bound)
     assert rm.score(rows, trajs, [r for _, r in pairs]) == pytest.approx(padded, rel=0, abs=bound)
 
@@ -294,7 +304,8 @@ def test_a_sliding_window_classifier_runs_padded(tmp_path: Path) -> None:
     tok = build_char_tokenizer()
     config = MistralConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                            num_key_value_heads=2, intermediate_size=32, sliding_window=8,
-                           pad_token_id=tok.pad_token_id, num_labels=1)
+                           pad_token_id=tok.pad_token_id)
+    config.num_labels = 1
     MistralForSequenceClassification(config).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     rm = RewardModel.load(RewardConfig(model_path=str(tmp_path)), tok)
@@ -304,3 +315,56 @@ def test_a_sliding_window_classifier_runs_padded(tmp_path: Path) -> None:
     with torch.no_grad():
         alone = [rm.model(input_ids=torch.tensor([row])).logits[0, 0].item() for row in ids]
     assert rm.forward(ids) == pytest.approx(alone, rel=1e-5, abs=1e-6)
+
+
+class AnswersEight:
+    """The policy's tokenizer as the reward worker uses it: every response decodes to "8"."""
+
+    chat_template = None
+
+    def batch_decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return ["8" for _ in ids]
+
+
+def test_validation_scores_with_the_rule_unless_no_rule_scores_the_task(rule_model: tuple[Path, float]) -> None:
+    """With the reward model alone (rule_weight 0, verl's reward_model.enable), training rewards are
+    its score, while validation (mode "val", through the rollout server) scores with the task's
+    rule, as verl's `_validate` does with its rule-based `val_reward_fn`; a data source without a
+    rule is validated by the reward model."""
+    import asyncio
+
+    from asyncrl.config.schema import RolloutConfig
+    from asyncrl.rollout import EngineSettings, TorchEngine
+    from asyncrl.workers.rollout import RequestBuilder
+    from asyncrl.workers.rollout_server import RolloutServer
+    from tests.training.helpers import tiny_lm
+
+    path, _ = rule_model
+    policy: Any = AnswersEight()
+    cfg = RewardConfig(model_path=str(path), rule_weight=0.0, model_weight=2.0, num_workers=1)
+    rm = RewardModel.load(cfg, policy)
+    worker = RewardWorker(policy, cfg, reward_model=rm)
+    engine = TorchEngine(tiny_lm(), 0, EngineSettings(kv_budget_tokens=1024, max_num_seqs=4))
+    srv = RolloutServer(engine, RequestBuilder(RolloutConfig(temperature=0.0, ignore_eos=True), max_tokens=3, seed=0),
+                        worker)
+    ruled = PromptRow(uid="p", data_source="arithmetic", messages=({"role": "user", "content": "What is 3+4?"},),
+                      ground_truth="7", prompt_ids=(5, 6, 7))
+    unruled = dataclasses.replace(ruled, uid="q", data_source="no_rule_for_this")
+
+    async def main() -> list[Group]:
+        return [await srv.generate_scored(ruled, 2, "t", "train"), await srv.generate_scored(ruled, 2, "v", "val"),
+                await srv.generate_scored(unruled, 2, "u", "val")]
+
+    try:
+        train, val, no_rule = asyncio.run(main())
+    finally:
+        worker.close()
+    model_score = rm.score([ruled], [train.trajectories[0]], ["8"])[0]
+    assert model_score > 0  # the classifier likes "8" (even), the rule does not (3+4 is 7)
+    for t in train.trajectories + no_rule.trajectories:
+        assert set(t.reward_details) == {"reward_model"}  # scored two at a time there, alone here
+        assert t.reward_details["reward_model"] == pytest.approx(model_score, rel=1e-5, abs=1e-6)
+        assert t.reward == pytest.approx(2.0 * t.reward_details["reward_model"], rel=1e-12, abs=0)
+    for t in val.trajectories:
+        assert (t.reward, t.reward_status) == (0.0, "ok") and "reward_model" not in t.reward_details
+    assert worker.has_rule("arithmetic") and not worker.has_rule("no_rule_for_this")
