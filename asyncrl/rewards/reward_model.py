@@ -134,7 +134,7 @@ class RewardModel:
         """Why batches run padded ("" when they run packed)."""
         self.path: ForwardPath = "padded" if self.refusal else "packed"
         if self.refusal:
-            log.info("reward model: padded batches (%s)", self.refusal)
+            log.warning("reward model: padded batches (%s)", self.refusal)
 
     @classmethod
     def load(cls, cfg: RewardConfig, policy_tokenizer: PreTrainedTokenizerBase, device: str = "cpu",
