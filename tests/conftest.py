@@ -106,10 +106,13 @@ def start_ray() -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`./run.sh test` runs two pytest-xdist workers (`--dist loadgroup`): every test on Ray goes
     to the same one, in file order, so one Ray cluster serves them all (test_ray_host's last test
-    restarts it) and two clusters never compete for the machine's cores."""
+    restarts it) and two clusters never compete for the machine's cores. The tests of the
+    tiny-tools model go to one worker too, so it is warmed up once."""
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif "tiny_tools_cache" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("tiny_tools"))
 
 
 @pytest.fixture(scope="session")
