@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import warnings
 from collections.abc import Callable
 
 from asyncrl.rewards.sandbox import Sandbox
@@ -59,7 +60,9 @@ def calculate(expression: str) -> str:
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ToolFailure(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        with warnings.catch_warnings():  # "invalid decimal literal" and kin: the model's text, not ours to print
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise ToolFailure(f"not an arithmetic expression ({type(exc).__name__})") from None
     try:
