@@ -171,7 +171,7 @@ class EngineModel:
             n = len(running)
             next_tool = tools[0][0] if tools else math.inf
             if not n:
-                if next_tool <= until:  # nothing decodes until a tool call ends
+                if tools and next_tool <= until:  # nothing decodes until a tool call ends
                     self.t = max(self.t, next_tool)
                     continue
                 self.t = max(self.t, until)
