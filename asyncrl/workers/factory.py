@@ -23,7 +23,6 @@ from asyncrl.data import load_rows, make_task
 from asyncrl.data.held_out import prompt_rows, val_rows
 from asyncrl.errors import ConfigError
 from asyncrl.models import load_model
-from asyncrl.rewards.reward_model import RewardModel
 from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.rollout.registry import build_engine
 from asyncrl.scheduling.plan import RunPlan
@@ -33,6 +32,7 @@ from asyncrl.training.critic import Critic
 from asyncrl.training.memory import enable_gradient_checkpointing
 from asyncrl.training.model import prepare_actor_model
 from asyncrl.training.packed_attention import use_packed_attention
+from asyncrl.training.reward_model import RewardModel
 from asyncrl.types import PromptRow
 from asyncrl.workers.handles import share_worker_thread
 from asyncrl.workers.reward import RewardWorker

@@ -41,9 +41,10 @@ from asyncrl.rewards import (
 )
 from asyncrl.rewards.batch_functions import BatchFunctions
 from asyncrl.rewards.code_exec import CODE_SOURCES, count_tests
-from asyncrl.rewards.reward_model import RewardModel, combine
+from asyncrl.rewards.reward_model import combine
 from asyncrl.rewards.runner import Outcome
 from asyncrl.scheduling.adaptive_timeout import AdaptiveTimeout
+from asyncrl.training.reward_model import RewardModel
 from asyncrl.types import Group, Mode, PromptRow, Trajectory
 
 DEFAULT_WINDOW = 64

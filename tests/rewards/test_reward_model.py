@@ -21,7 +21,8 @@ from asyncrl.config.schema import RewardConfig
 from asyncrl.errors import ConfigError
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rewards import RewardResult
-from asyncrl.rewards.reward_model import RewardModel, check_reward_model_path, combine
+from asyncrl.rewards.reward_model import check_reward_model_path, combine
+from asyncrl.training.reward_model import RewardModel
 from asyncrl.types import Group, PromptRow, Trajectory
 from asyncrl.workers.reward import RewardWorker
 
