@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 from transformers import (
@@ -155,19 +153,11 @@ def load_tiny(cache_dir: Path | None = None, spec: TinySpec = TinySpec(), rebuil
               log: Callable[[str], None] = print) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The cached tiny model, built and warmed up on first use."""
     path = (cache_dir or cache.cache_dir()) / spec.key()
-    if (path / "config.json").exists() and not rebuild:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    log(f"building the tiny model in {path} (one time)")
-    tok = build_char_tokenizer()
-    model = build_model(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
-    report = warm_up(model, tok, spec, log)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "warmup.json").write_text(json.dumps(report))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.replace(path)
-    model.eval()
-    return model, tok
+    def build() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+        log(f"building the tiny model in {path} (one time)")
+        tok = build_char_tokenizer()
+        model = build_model(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
+        return model, tok, warm_up(model, tok, spec, log)
+
+    return cache.load_or_build(path, build, rebuild)

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
@@ -147,21 +146,15 @@ def load_tiny_tools(cache_dir: Path | None = None, spec: TinyToolsSpec = TinyToo
                     log: Callable[[str], None] = print) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The cached tiny-tools model, built and warmed up on first use (its report in warmup.json)."""
     path = (cache_dir or cache.cache_dir()) / spec.key()
-    if (path / "config.json").exists() and not rebuild:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    log(f"building the {NAME} model in {path} (one time)")
-    tok = build_tool_tokenizer()
-    model = build_model(spec.arch(), len(tok), int(tok.pad_token_id), int(tok.eos_token_id))
-    report = warm_up(model, tok, spec, log)
-    model.eval()
-    report.update(sampled_accuracies(model, tok, spec))
-    log(f"{NAME} warmed up: {json.dumps(report)}")
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "warmup.json").write_text(json.dumps(report))
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.replace(path)
-    return model, tok
+    def build() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+        log(f"building the {NAME} model in {path} (one time)")
+        tok = build_tool_tokenizer()
+        model = build_model(spec.arch(), len(tok), int(tok.pad_token_id), int(tok.eos_token_id))
+        report = warm_up(model, tok, spec, log)
+        model.eval()
+        report.update(sampled_accuracies(model, tok, spec))
+        log(f"{NAME} warmed up: {json.dumps(report)}")
+        return model, tok, report
+
+    return cache.load_or_build(path, build, rebuild)
