@@ -14,11 +14,12 @@ Threading model::
     generate()/abort()/stats() keep running      ◀──   StepResult of step t-1 (plain lists)
     apply tokens t-1 · resolve finished futures
 
-Results are read one step late (`StepRunner.run`): the device runs step t while the host
-applies step t-1 and plans t+1, whose decode rows read t's sampled tokens on the device. So a
-row that finished at step t-1 is in step t too (its extra token is dropped), and a step is
-planned with the tokens of two steps ago known on the host. Pausing, idling and a failed step
-read or drop the queued step first.
+On CUDA results are read one step late (`StepRunner.run`, `read_late`): the device runs step t
+while the host applies step t-1 and plans t+1, whose decode rows read t's sampled tokens on the
+device. So a row that finished at step t-1 is in step t too (its extra token is dropped), and a
+step is planned with the tokens of two steps ago known on the host. Pausing, idling and a failed
+step read or drop the queued step first. On the CPU, where nothing runs while the host plans,
+each step's results come back with it (lock-step) and nothing stays queued.
 
 All bookkeeping (queues, sequences, futures) lives in the event-loop thread, so it needs no lock;
 the step thread only sees a frozen `StepPlan`. The step thread is the engine's own, or the

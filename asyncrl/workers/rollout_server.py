@@ -70,8 +70,7 @@ class RolloutServer:
         earlier = {t.request_id: t for t in partials}
         scoring: dict[str, asyncio.Task[None]] = {}
         requests = self.requests.group(row, n, uid, mode)
-        tasks = [asyncio.ensure_future(self._generate(r, earlier.get(r.request_id), row, score, scoring,
-                                                           mode))
+        tasks = [asyncio.ensure_future(self._generate(r, earlier.get(r.request_id), row, score, scoring, mode))
                  for r in requests]
         try:
             trajectories = await (self._first(tasks, [r.request_id for r in requests], keep) if keep
