@@ -11,6 +11,10 @@
 #   bash bench/gpu_session.sh engine    # tests/gpu, the engine bench with every new part off then on at
 #                                       # batch 64 and 256, each part off alone at 256, weight sync in-process and IPC
 #   TINY=1 bash bench/gpu_session.sh engine    # the same steps on this CPU at tiny sizes: checks the script
+# Issue 26 (accuracy parity), one call of at most 8 minutes; results in convergence.tgz:
+#   bash bench/gpu_session.sh convergence   # the tiny model on arithmetic, colocated vs fully async (d)
+#                                           # (staleness 0.5, partial rollout), 3 seeds, alternating
+#   TINY=1 bash bench/gpu_session.sh convergence   # the same steps on this CPU at toy sizes: checks the script
 # Prepared here (CPU) before the session, with the device tool's `carry`: .whl (math-verify and its
 # two pure-Python needs, absent there) and .cache (the warmed-up tiny model, so nothing rebuilds it):
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --platform any -d .whl \
@@ -19,7 +23,7 @@
 # Results land in $OUT (the device tool brings that folder back), else bench/results/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage="${1:?stage 1, 2, trainer or engine}"
+stage="${1:?stage 1, 2, trainer, engine or convergence}"
 out="${OUT:-bench/results/gpu}"
 mkdir -p "$out"
 if [ -d .whl ]; then
@@ -99,6 +103,24 @@ engine_stage() {  # issue 24; within 8 minutes of the script's start; every resu
     --out "$logdir/weight_sync_ipc.json"; pack
   echo "=== engine stage done at ${SECONDS}s; $out/engine.tgz holds $(ls "$logdir" | wc -l) files"
 }
+convergence_stage() {  # issue 26; within 8 minutes of the script's start; each cell is kept as it ends
+  local deadline=470 tiny="${TINY:-0}" size=(--seeds 3) dev=(--override trainer.device=cuda)
+  if [ "$tiny" = 1 ]; then
+    size=(--seeds 1 --steps 2 --batch 4 --n 2 --val-every 1 --val-size 8) dev=()
+    [ -d .cache/asyncrl ] || export ASYNCRL_CACHE="$HOME/.cache/asyncrl" ASYNCRL_TEST_CACHE="$HOME/.cache/asyncrl"
+  fi
+  logdir="$out/convergence"
+  mkdir -p "$logdir"
+  # the cells run one after another (colocated, then fully async, per seed) and each is appended as it ends;
+  # --report then writes the summary and verdicts of whatever finished before the deadline
+  step convergence "$((deadline - SECONDS - 20))" python3 bench/convergence.py --modes colocated,fa_partial \
+    --tasks arithmetic "${size[@]}" "${dev[@]}" --timeout-s 200 --runs-dir /tmp/conv-runs \
+    --out "$logdir/convergence.jsonl" --summary "$logdir/summary.json" --img-dir "$logdir"
+  step convergence_report 15 python3 bench/convergence.py --report --modes colocated,fa_partial --tasks arithmetic \
+    "${size[@]}" "${dev[@]}" --out "$logdir/convergence.jsonl" --summary "$logdir/summary.json" --img-dir "$logdir"
+  tar czf "$out/convergence.tgz" -C "$out" convergence
+  echo "=== convergence stage done at ${SECONDS}s; $out/convergence.tgz"
+}
 if [ "$stage" = 1 ]; then
   step gpu_tests 150 python3 -m pytest -q -x -p no:cacheprovider tests/gpu
   step gpu_engine 150 python3 bench/gpu_engine.py --device cuda --out "$out/gpu_engine.json"
@@ -108,6 +130,8 @@ elif [ "$stage" = trainer ]; then
   trainer_stage
 elif [ "$stage" = engine ]; then
   engine_stage
+elif [ "$stage" = convergence ]; then
+  convergence_stage
 else
   step trainer 120 python3 bench/trainer_throughput.py --device cuda --out "$out/trainer_throughput.json"
   step pipelines 240 python3 bench/pipelines.py --gpu --steps 4 --prompts 32 --n 8 --max-len 1024 \

@@ -103,11 +103,13 @@ def start_ray() -> None:
     init_ray(num_cpus=4, log_to_driver=False, node_ip="127.0.0.1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`./run.sh test` runs two pytest-xdist workers (`--dist loadgroup`): every test on Ray goes
     to the same one, in file order, so one Ray cluster serves them all (test_ray_host's last test
     restarts it) and two clusters never compete for the machine's cores. The tests of the
-    tiny-tools model go to one worker too, so it is warmed up once."""
+    tiny-tools model go to one worker too, so it is warmed up once. pytest is held below 9.2, where
+    xdist 3.8's grouping silently stops (pytest-xdist#1386; tests/test_xdist_groups.py checks it)."""
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("ray"))
