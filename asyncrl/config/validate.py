@@ -32,6 +32,7 @@ def validate(cfg: Config) -> None:
     _restart_rules(cfg)
     _long_tail_rules(cfg)
     _multi_turn_rules(cfg)
+    _task_rules(cfg)
 
 
 # ---- one field at a time, from the schema's declaration ------------------------------------------
@@ -186,6 +187,14 @@ def _multi_turn_rules(cfg: Config) -> None:
         raise ConfigError(f"rollout.multi_turn.max_episode_tokens={m.max_episode_tokens} leaves no room to answer a "
                           f"prompt of data.max_prompt_length={cfg.data.max_prompt_length}: raise it, or set 0 "
                           "(prompt + response lengths)")
+
+
+def _task_rules(cfg: Config) -> None:
+    """Options set for a task that is not used would do nothing (their names and values are checked
+    where the prompts are made: `asyncrl.data.tasks.task_rows`)."""
+    if cfg.data.task_options and cfg.data.train_files:
+        raise ConfigError("data.task_options shape the built-in data.task, which data.train_files replace: "
+                          "remove data.task_options")
 
 
 def _async_rules(cfg: Config) -> None:

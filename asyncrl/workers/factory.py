@@ -19,8 +19,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.agents.build import episode_from_config, message_template_kwargs, prompt_data
 from asyncrl.config.schema import Config
-from asyncrl.data import load_rows, make_task
+from asyncrl.data import load_rows
 from asyncrl.data.held_out import prompt_rows, val_rows
+from asyncrl.data.tasks import task_rows
 from asyncrl.errors import ConfigError
 from asyncrl.models import load_model
 from asyncrl.roles import RolloutSide, TrainerSide
@@ -51,7 +52,7 @@ def load_data(cfg: Config, tok: PreTrainedTokenizerBase,
     if d.train_files:
         train = [r for i, f in enumerate(d.train_files) for r in prompts(load_rows(f, split_name=f"train{i}"), f)]
     else:
-        train = prompts(make_task(d.task, d.task_size, seed=cfg.seed, split="train"), f"data.task={d.task}")
+        train = prompts(task_rows(d, d.task_size, seed=cfg.seed, split="train"), f"data.task={d.task}")
     # a run on its own files validates only on files it names, never on the built-in task
     val = val_rows(d, cfg.seed, tok, log)[0] if d.val_files or not d.train_files else []
     if len(train) < d.train_batch_size:

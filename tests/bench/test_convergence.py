@@ -41,3 +41,31 @@ def test_summary_time_to_ninety_percent_and_paired_parity() -> None:
     # which straddles -0.03: not shown (five seeds are not enough to call it either way)
     assert fa["parity"]["ci95"] == pytest.approx([-0.0396293, -0.0003707], rel=1e-4, abs=1e-7)
     assert fa["parity"]["verdict"] == "not shown"
+
+
+def test_each_task_runs_on_its_model_with_its_options() -> None:
+    """arithmetic keeps the keys of the cells already in the results (tiny, the defaults); countdown
+    and longtail run on the model warmed up on each, with the task options it knows, and their
+    validation prompts all fit."""
+    from asyncrl.config.load import load_config
+    from asyncrl.data import make_task
+    from asyncrl.data.held_out import val_rows
+    from asyncrl.data.tasks import task_rows
+    from asyncrl.models.task_models import TASK_MODELS
+    from asyncrl.models.tokenizer import build_char_tokenizer
+    from bench.convergence import overrides, parse
+
+    args = parse(["--tasks", "arithmetic,countdown,longtail"])
+    arithmetic = overrides("colocated", "arithmetic", 0, args)
+    assert "data.task=arithmetic" in arithmetic
+    assert not any(k.startswith(("model.", "data.task_options")) for k in arithmetic)
+    for spec in TASK_MODELS.values():
+        cfg = load_config(overrides=overrides("fa_partial", spec.task, 1, args))
+        assert (cfg.model.path, cfg.data.task) == (spec.name, spec.task)
+        assert task_rows(cfg.data, 8, seed=1, split="test") == make_task(spec.task, 8, seed=1, split="test",
+                                                                         **spec.task_options())
+        dropped: list[str] = []
+        assert len(val_rows(cfg.data, 1, build_char_tokenizer(), dropped.append)[0]) == args.val_size
+        assert dropped == []
+    with pytest.raises(SystemExit):
+        parse(["--tasks", "arithmetic,countdwn"])

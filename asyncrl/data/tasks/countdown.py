@@ -22,13 +22,15 @@ PROMPT = ("Using the numbers {numbers}, write an expression that equals {target}
 
 def make_countdown(
     n: int, *, seed: int = 0, split: str = "train",
-    counts: Sequence[int] = (3, 4), max_number: int = 50, max_target: int = 1000,
+    counts: Sequence[int] = (3, 4), max_number: int = 50, max_target: int = 1000, ops: str = "+-*/",
 ) -> list[PromptRow]:
-    """n countdown puzzles over `rng.choice(counts)` numbers in [1, max_number]."""
+    """n countdown puzzles over `rng.choice(counts)` numbers in [1, max_number], whose constructed
+    solutions use only `ops` (a subset of "+-*/"; the prompt still allows all four)."""
+    assert ops and set(ops) <= set("+-*/"), f"countdown ops must be some of +-*/, got {ops!r}"
     rng = task_rng("countdown", seed, split)
 
     def draw() -> tuple[list[int], int, str]:
-        return _draw_puzzle(rng, rng.choice(list(counts)), max_number, max_target)
+        return _draw_puzzle(rng, rng.choice(list(counts)), max_number, max_target, ops)
 
     def key(p: tuple[list[int], int, str]) -> str:
         return f"{sorted(p[0])}={p[1]}"
@@ -45,22 +47,23 @@ def make_countdown(
     return rows
 
 
-def _draw_puzzle(rng: random.Random, count: int, max_number: int, max_target: int) -> tuple[list[int], int, str]:
+def _draw_puzzle(rng: random.Random, count: int, max_number: int, max_target: int,
+                 ops: str) -> tuple[list[int], int, str]:
     for _ in range(MAX_TRIES):
         numbers = [rng.randint(1, max_number) for _ in range(count)]
-        built = _build(rng, numbers)
+        built = _build(rng, numbers, ops)
         if built is not None and 1 <= built[0] <= max_target:
             return numbers, built[0], built[1]
     raise ValueError("could not build a countdown puzzle: raise max_target or max_number")
 
 
-def _build(rng: random.Random, numbers: list[int]) -> tuple[int, str] | None:
-    """Fold the numbers (in a shuffled order) into one expression; None if a step is invalid."""
+def _build(rng: random.Random, numbers: list[int], ops: str = "+-*/") -> tuple[int, str] | None:
+    """Fold the numbers (in a shuffled order) into one expression with `ops`; None if a step is invalid."""
     order = numbers[:]
     rng.shuffle(order)
     value, expr = order[0], str(order[0])
     for x in order[1:]:
-        op = rng.choice("+-*/")
+        op = rng.choice(ops)
         if rng.random() < 0.5 and op in "+*":
             expr = f"{x}*{_group(expr)}" if op == "*" else f"{x}+{expr}"
         elif op in "*/":

@@ -23,7 +23,8 @@ def make_longtail(
 
     With the defaults about 0.3% of prompts hit the cap of 512 and half ask for <= 32 letters.
     """
-    assert 1 <= min_len <= max_len and median > 0 and sigma >= 0 and letters
+    assert 1 <= min_len <= max_len and median > 0 and sigma >= 0 and letters, \
+        "longtail needs 1 <= min_len <= max_len, median > 0, sigma >= 0 and letters"
     rng = task_rng("longtail", seed, split)
     rows = []
     for i in range(n):
