@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.convergence import curve, parity, summarize
+from bench.convergence import LEGACY_SETTINGS, curve, final_score, parity, parse, same_settings, settings, summarize
 
 
 def test_parity_docstring_example_and_the_other_verdicts() -> None:
@@ -30,8 +30,9 @@ def result(mode: str, seed: int, scores: list[float], walls: list[float]) -> dic
 
 
 def test_summary_time_to_ninety_percent_and_paired_parity() -> None:
-    results = [result("colocated", s, [0.1, 0.5, 0.6], [0, 10, 20]) for s in range(5)]
-    results += [result("fa_partial", s, [0.1, 0.55, 0.6 - 0.01 * s], [0, 4, 8]) for s in range(5)]
+    # the final score is the mean of the last three validations (here all equal)
+    results = [result("colocated", s, [0.1, 0.5, 0.6, 0.6, 0.6], [0, 10, 20, 30, 40]) for s in range(5)]
+    results += [result("fa_partial", s, [0.1, 0.55] + [0.6 - 0.01 * s] * 3, [0, 4, 8, 12, 16]) for s in range(5)]
     summary = summarize(results)["arithmetic"]
     # target 0.9 x 0.6 = 0.54: colocated reaches it at its last validation (20 s), fa_partial at 4 s
     assert summary["colocated"]["time_to_90pct_s"] == 20 and summary["fa_partial"]["time_to_90pct_s"] == 4
@@ -41,6 +42,21 @@ def test_summary_time_to_ninety_percent_and_paired_parity() -> None:
     # which straddles -0.03: not shown (five seeds are not enough to call it either way)
     assert fa["parity"]["ci95"] == pytest.approx([-0.0396293, -0.0003707], rel=1e-4, abs=1e-7)
     assert fa["parity"]["verdict"] == "not shown"
+
+
+def test_final_score_is_the_mean_of_the_last_three_validations() -> None:
+    points = [{"score": v} for v in (0.2, 0.3, 0.35, 0.3, 0.31)]
+    assert final_score(points) == pytest.approx(0.32, rel=1e-12)
+    assert final_score(points[:2]) == pytest.approx(0.25, rel=1e-12)  # fewer validations: all of them
+
+
+def test_cells_are_reused_only_under_the_same_settings() -> None:
+    legacy = {"mode": "colocated", "task": "arithmetic", "seed": 0}  # written before cells kept settings
+    longer = parse(["--steps", "120"])
+    newer = {**legacy, "settings": settings(longer)}
+    assert settings(parse([])).keys() == LEGACY_SETTINGS.keys()
+    assert same_settings([legacy, newer], longer) == [newer]
+    assert same_settings([legacy, newer], parse(["--steps", "60", "--lr", "2e-4"])) == [legacy]
 
 
 def test_each_task_runs_on_its_model_with_its_options() -> None:
