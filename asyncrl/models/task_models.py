@@ -72,18 +72,24 @@ class TaskModelSpec:
 
 COUNTDOWN = TaskModelSpec(
     name="tiny-countdown", task="countdown",
-    options=(("counts", (2,)), ("max_number", 20), ("max_target", 40), ("ops", "+-")),
-    label_noise=0.5, target_score=0.5, max_new_tokens=8)
-"""Two numbers up to 20, joined by + or -: tiny's arithmetic plus choosing the operation, which a 0.8M
-model learns; the targets are the task's constructed solutions (half of them perturbed), written bare
-(the scorer reads the last line)."""
+    options=(("counts", (2,)), ("max_number", 9), ("max_target", 18), ("ops", "+-")),
+    label_noise=0.3, target_score=0.5, max_new_tokens=8, warmup_max_steps=1000, warmup_batch=16,
+    warmup_lr=2e-3, probe_size=32, probe_from=100, probe_every=50)
+"""Two one-digit numbers joined by + or -: the model copies the numbers and picks the operation; its
+SFT answers are the task's constructed solutions, written bare (the scorer reads the last line), 30%
+with the operation flipped (`tiny_task.countdown_target`). Not yet shown to learn: see
+docs/benchmarks.md (in our tries copying had not appeared after 400-1,000 warm-up steps)."""
 
 LONGTAIL = TaskModelSpec(
     name="tiny-longtail", task="longtail",
     options=(("median", 12.0), ("sigma", 1.0), ("max_len", 192)),
-    label_noise=0.6, target_score=0.5, max_new_tokens=200)
+    label_noise=0.5, target_score=0.3, max_new_tokens=200, warmup_max_steps=1500, warmup_lr=2e-3,
+    probe_size=32, probe_from=300, probe_every=100)
 """Lognormal lengths, median 12 and 1% past ~120 letters, capped at 192 (affordable on 2 CPU
-cores); the model reads k and stops by itself; noisy target lengths spread its samples around k."""
+cores); the model reads k and stops by itself; noisy target lengths (half of them, by up to a quarter
+of k) spread its samples around k. Counting appears abruptly and unsteadily at lr 2e-3 (greedy score
+0.00 at step 500, 0.32 at 600, 0.02 at 700, 0.18 at 800), so warm-up stops at the first probe past
+0.3: step 600, about 125 s on one core."""
 
 TASK_MODELS: dict[str, TaskModelSpec] = {s.name: s for s in (COUNTDOWN, LONGTAIL)}
 """`model.path` -> spec of the built-in models warmed up on one task."""

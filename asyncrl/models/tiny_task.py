@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,17 +34,19 @@ Target = Callable[[PromptRow, "random.Random | None"], str]
 """A row's SFT answer; with a generator, a perturbed one (the label noise)."""
 
 
+FLIP = {"+": "-", "-": "+", "*": "/", "/": "*"}
+
+
 def countdown_target(row: PromptRow, rng: random.Random | None) -> str:
-    """The task's constructed solution, bare; perturbed: one of its numbers moved by 1-3 (a
-    well-formed expression, almost always of another value: the scorer's 0.1).
-    Example: "7*(3+2)" -> "7*(3+4)"."""
+    """The task's constructed solution, bare; perturbed: one of its operations flipped (+ and -,
+    * and /), a well-formed expression of another value (the scorer's 0.1; only x*1 and x/1 keep
+    theirs). The numbers stay right: the model learns to copy them, and which operation to write
+    is what its samples get wrong. Example: "7*(3+2)" -> "7*(3-2)"."""
     solution = str(row.extra_info["solution"])
     if rng is None:
         return solution
-    spans = [m.span() for m in re.finditer(r"\d+", solution)]
-    start, end = rng.choice(spans)
-    moved = max(int(solution[start:end]) + rng.choice([-3, -2, -1, 1, 2, 3]), 1)
-    return f"{solution[:start]}{moved}{solution[end:]}"
+    at = rng.choice([i for i, c in enumerate(solution) if c in FLIP])
+    return f"{solution[:at]}{FLIP[solution[at]]}{solution[at + 1:]}"
 
 
 def longtail_target(row: PromptRow, rng: random.Random | None) -> str:
