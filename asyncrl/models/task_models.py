@@ -78,7 +78,7 @@ COUNTDOWN = TaskModelSpec(
 """Two one-digit numbers joined by + or -: the model copies the numbers and picks the operation; its
 SFT answers are the task's constructed solutions, written bare (the scorer reads the last line), 30%
 with the operation flipped (`tiny_task.countdown_target`). Not yet shown to learn: see
-docs/benchmarks.md (in our tries copying had not appeared after 400-1,000 warm-up steps)."""
+docs/benchmarks.md (in our tries copying had not appeared after up to 1,500 warm-up steps)."""
 
 LONGTAIL = TaskModelSpec(
     name="tiny-longtail", task="longtail",
