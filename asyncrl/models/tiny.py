@@ -102,6 +102,23 @@ def encode_sft(tok: PreTrainedTokenizerBase, pairs: Sequence[tuple[str, str]]) -
     return ids, lab
 
 
+def bucketed_step(model: LlamaForCausalLM, opt: torch.optim.Optimizer,
+                  encoded: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """One optimizer step on the mean token loss over length buckets of (ids, labels), each
+    bucket's loss weighted by its share of the trained tokens (labels other than -100), so the
+    step equals one over the whole batch unpadded; returns the loss (the warm-ups of
+    `tiny-tools` and the task models: a batch padded to its longest sample is mostly padding)."""
+    total = sum(int((labels[:, 1:] != -100).sum()) for _, labels in encoded)
+    opt.zero_grad()
+    loss = torch.zeros(())
+    for ids, labels in encoded:
+        part = model(input_ids=ids, labels=labels).loss * (int((labels[:, 1:] != -100).sum()) / total)
+        part.backward()
+        loss = loss + part.detach()
+    opt.step()
+    return loss
+
+
 def _chat_ids(tok: PreTrainedTokenizerBase, question: str) -> list[int]:
     # tokenize=True gives ids: a BatchEncoding (transformers 5) or a list (4.x); the stub's union also has text.
     out = cast("BatchEncoding | list[int]", tok.apply_chat_template(

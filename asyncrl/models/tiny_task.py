@@ -25,7 +25,7 @@ from transformers import GenerationMixin, LlamaForCausalLM, PreTrainedModel, Pre
 from asyncrl.data import make_task
 from asyncrl.models import cache
 from asyncrl.models.task_models import TaskModelSpec
-from asyncrl.models.tiny import TinySpec, _chat_ids, build_model, encode_sft
+from asyncrl.models.tiny import TinySpec, _chat_ids, bucketed_step, build_model, encode_sft
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rewards.registry import compute_score
 from asyncrl.types import PromptRow
@@ -112,16 +112,7 @@ def sft_step(model: LlamaForCausalLM, opt: torch.optim.Optimizer, tok: PreTraine
     (a long-tailed batch padded to its longest answer would be mostly padding)."""
     ordered = sorted(pairs, key=lambda p: len(p[0]) + len(p[1]))
     size = -(-len(ordered) // buckets)
-    encoded = [encode_sft(tok, ordered[i: i + size]) for i in range(0, len(ordered), size)]
-    total = sum(int((labels[:, 1:] != -100).sum()) for _, labels in encoded)
-    opt.zero_grad()
-    loss = torch.zeros(())
-    for ids, labels in encoded:
-        part = model(input_ids=ids, labels=labels).loss * (int((labels[:, 1:] != -100).sum()) / total)
-        part.backward()
-        loss = loss + part.detach()
-    opt.step()
-    return loss
+    return bucketed_step(model, opt, [encode_sft(tok, ordered[i: i + size]) for i in range(0, len(ordered), size)])
 
 
 def warm_up(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, spec: TaskModelSpec,

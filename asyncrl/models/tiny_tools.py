@@ -29,7 +29,7 @@ from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerB
 
 from asyncrl.data import make_task
 from asyncrl.models import cache
-from asyncrl.models.tiny import TinySpec, build_model
+from asyncrl.models.tiny import TinySpec, bucketed_step, build_model
 from asyncrl.models.tool_traces import TraceMix, build_tool_tokenizer, encode_traces, sft_traces, tool_loop_accuracy
 
 NAME = "tiny-tools"
@@ -121,16 +121,7 @@ def sft_step(model: LlamaForCausalLM, opt: torch.optim.Optimizer, tok: PreTraine
     answers are not padded to the long tool traces: a third fewer tokens)."""
     traces = sorted(traces, key=lambda segs: sum(len(ids) for ids, _ in segs))
     buckets = [traces[: len(traces) // 2], traces[len(traces) // 2:]]
-    encoded = [encode_traces(b, int(tok.pad_token_id)) for b in buckets if b]
-    total = sum(int((labels[:, 1:] != -100).sum()) for _, labels in encoded)
-    opt.zero_grad()
-    loss = torch.zeros(())
-    for ids, labels in encoded:
-        part = model(input_ids=ids, labels=labels).loss * (int((labels[:, 1:] != -100).sum()) / total)
-        part.backward()
-        loss = loss + part.detach()
-    opt.step()
-    return loss
+    return bucketed_step(model, opt, [encode_traces(b, int(tok.pad_token_id)) for b in buckets if b])
 
 
 def probe(spec: TinyToolsSpec, n: int, *, split: str, seed: int) -> tuple[list[str], list[str]]:
