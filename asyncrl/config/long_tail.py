@@ -14,7 +14,7 @@ from asyncrl.config.names import SandboxBackend
 @dataclass(frozen=True)
 class TailBatchingConfig:
     enable: bool = False
-    """Tail batching (RollPacker): speculative short rounds queue the longest prompts for long rounds."""
+    """Tail batching (RollPacker): short rounds defer the longest prompts; costs accuracy if length is learned."""
     prompt_speculation: float = knob(1.25, ">= 1")
     """Short rounds launch ceil(this x train_batch_size) prompts; the first train_batch_size done are trained."""
     response_speculation: float = knob(1.25, ">= 1")
