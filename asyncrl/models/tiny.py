@@ -127,19 +127,26 @@ def _chat_ids(tok: PreTrainedTokenizerBase, question: str) -> list[int]:
 
 
 @torch.no_grad()
-def sampled_accuracy(model: GenerationMixin, tok: PreTrainedTokenizerBase,
-                     pairs: Sequence[tuple[str, str]], temperature: float = 1.0) -> float:
-    """Fraction of questions answered exactly, one sample each (HF generate, left padding)."""
+def generate_texts(model: GenerationMixin, tok: PreTrainedTokenizerBase, questions: Sequence[str],
+                   max_new_tokens: int, temperature: float = 0.0) -> list[str]:
+    """One response text per question, asked as a user turn (HF generate, left padding; greedy at
+    temperature 0, special tokens dropped)."""
     tok.padding_side = "left"
-    prompts = [_chat_ids(tok, q) for q, _ in pairs]
+    prompts = [_chat_ids(tok, q) for q in questions]
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = (ids != tok.pad_token_id).long()
     # transformers types generate's self as a Protocol that real models fail under mypy (read-only `device`)
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6,  # type: ignore[misc, unused-ignore]
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,  # type: ignore[misc, unused-ignore]
                          do_sample=temperature > 0, temperature=temperature or None, top_k=0,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
+    return list(tok.batch_decode(out[:, width:], skip_special_tokens=True))
+
+
+def sampled_accuracy(model: GenerationMixin, tok: PreTrainedTokenizerBase,
+                     pairs: Sequence[tuple[str, str]], temperature: float = 1.0) -> float:
+    """Fraction of questions answered exactly, one sample each (`generate_texts`)."""
+    texts = generate_texts(model, tok, [q for q, _ in pairs], 6, temperature)
     return sum(t.strip() == a for t, (_, a) in zip(texts, pairs)) / len(pairs)
 
 

@@ -25,7 +25,7 @@ from transformers import GenerationMixin, LlamaForCausalLM, PreTrainedModel, Pre
 from asyncrl.data import make_task
 from asyncrl.models import cache
 from asyncrl.models.task_models import TaskModelSpec
-from asyncrl.models.tiny import TinySpec, _chat_ids, bucketed_step, build_model, encode_sft
+from asyncrl.models.tiny import TinySpec, bucketed_step, build_model, encode_sft, generate_texts
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rewards.registry import compute_score
 from asyncrl.types import PromptRow
@@ -68,34 +68,20 @@ def sft_pairs(spec: TaskModelSpec, n: int, seed: int, label_noise: float = 0.0) 
     """(question, answer) pairs from the task's train split with the spec's options; a `label_noise`
     share of answers perturbed (`TARGETS`)."""
     rng = random.Random(seed)
-    rows = make_task(spec.task, n, seed=seed, split="train", **spec.task_options())
+    rows = task_rows(spec, n, split="train", seed=seed)
     target = TARGETS[spec.task]
     return [(r.messages[0]["content"], target(r, rng if rng.random() < label_noise else None)) for r in rows]
 
 
-def probe_rows(spec: TaskModelSpec, n: int, *, split: str, seed: int) -> list[PromptRow]:
+def task_rows(spec: TaskModelSpec, n: int, *, split: str, seed: int) -> list[PromptRow]:
+    """n rows of the spec's task with its options."""
     return make_task(spec.task, n, seed=seed, split=split, **spec.task_options())
-
-
-@torch.no_grad()
-def generate(model: GenerationMixin, tok: PreTrainedTokenizerBase, questions: Sequence[str],
-             max_new_tokens: int, temperature: float = 0.0) -> list[str]:
-    """One response per question (HF generate, left padding; greedy at temperature 0)."""
-    prompts = [_chat_ids(tok, q) for q in questions]
-    width = max(map(len, prompts))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
-    mask = (ids != tok.pad_token_id).long()
-    # transformers types generate's self as a Protocol that real models fail under mypy (read-only `device`)
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,  # type: ignore[misc, unused-ignore]
-                         do_sample=temperature > 0, temperature=temperature or None, top_k=0,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    return list(tok.batch_decode(out[:, width:], skip_special_tokens=True))
 
 
 def mean_scores(model: GenerationMixin, tok: PreTrainedTokenizerBase, spec: TaskModelSpec,
                 rows: Sequence[PromptRow], temperature: float = 0.0) -> dict[str, float]:
     """Mean score and exact share ("acc") of one response per row, by the task's own scorer."""
-    texts = generate(model, tok, [r.messages[0]["content"] for r in rows], spec.max_new_tokens, temperature)
+    texts = generate_texts(model, tok, [r.messages[0]["content"] for r in rows], spec.max_new_tokens, temperature)
     scores = [_as_dict(compute_score(r.data_source, text, r.ground_truth, dict(r.extra_info)))
               for r, text in zip(rows, texts)]
     return {k: sum(s.get(k, 0.0) for s in scores) / len(scores) for k in ("score", "acc")}
@@ -121,9 +107,8 @@ def warm_up(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, spec: TaskMod
     spec.target_score (or spec.warmup_max_steps); then the sampled (temperature 1) score on the
     test split, where RL starts."""
     opt = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr, weight_decay=0.0)
-    probe = probe_rows(spec, spec.probe_size, split="train", seed=spec.seed + 10_000)
+    probe = task_rows(spec, spec.probe_size, split="train", seed=spec.seed + 10_000)
     start, step, greedy = time.perf_counter(), 0, {"score": 0.0, "acc": 0.0}
-    tok.padding_side = "left"
     for step in range(1, spec.warmup_max_steps + 1):
         model.train()
         loss = sft_step(model, opt, tok, sft_pairs(spec, spec.warmup_batch, spec.seed + step, spec.label_noise))
@@ -136,7 +121,7 @@ def warm_up(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, spec: TaskMod
                 break
     model.eval()
     torch.manual_seed(spec.seed)
-    sampled = mean_scores(model, tok, spec, probe_rows(spec, spec.probe_size, split="test", seed=spec.seed), 1.0)
+    sampled = mean_scores(model, tok, spec, task_rows(spec, spec.probe_size, split="test", seed=spec.seed), 1.0)
     return {"steps": float(step), "seconds": time.perf_counter() - start, "greedy_score": greedy["score"],
             "greedy_acc": greedy["acc"], "sampled_score": sampled["score"], "sampled_acc": sampled["acc"]}
 
