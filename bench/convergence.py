@@ -3,7 +3,8 @@ vs wall time, per mode, with seeds (issue 26).
 
 Modes (`MODES`): colocated (the reference), one_step_off, fully async in its four modes
 (on-policy streaming, stream off-policy T=2, staleness 0.5, staleness 0.5 + partial rollout), and
-colocated with tail batching, with the reward scheduler and with the stream trainer. Every run of
+colocated with tail batching (its defaults, and with response speculation off: `tail_batching_r1`),
+with the reward scheduler and with the stream trainer. Every run of
 a task has the same model, learning rate, batch, group size and number of trained prompts
 (`--steps` x `--batch`; fully async trains one update per `--batch` prompts, R = batch, so its
 versions line up with colocated's steps), and validates at the same sample counts (every
@@ -43,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asyncrl.models.loading import SMOLLM2  # noqa: E402
 from asyncrl.models.task_models import COUNTDOWN, LONGTAIL  # noqa: E402
 from bench.pipelines import RunFailed, failure, fresh_dir, launch, train_command  # noqa: E402
 
@@ -56,6 +58,8 @@ MODES: dict[str, tuple[list[str], int]] = {
     "fa_partial": ([*FA, "async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
                     "async_training.partial_rollout=true"], 1),
     "tail_batching": (["pipeline=colocated", "tail_batching.enable=true"], 1),
+    "tail_batching_r1": (["pipeline=colocated", "tail_batching.enable=true", "tail_batching.response_speculation=1.0"],
+                         1),
     "reward_scheduler": (["pipeline=colocated", "reward_scheduler.enable=true"], 1),
     "stream_trainer": (["pipeline=colocated", "stream_trainer.enable=true"], 1),
 }
@@ -64,10 +68,16 @@ TASKS: dict[str, list[str]] = {
     "arithmetic": [],
     "countdown": [f"model.path={COUNTDOWN.name}", COUNTDOWN.options_override(), "data.max_prompt_length=192"],
     "longtail": [f"model.path={LONGTAIL.name}", LONGTAIL.options_override(), "data.max_response_length=200"],
+    "smollm2_addition": ["data.task=arithmetic", f"model.path={SMOLLM2}", "data.task_options=[high=49]",
+                         "data.max_prompt_length=128", "data.max_response_length=32", "rollout.temperature=0.7",
+                         "rollout.val_n=1", "rollout.val_temperature=0", "model.enable_gradient_checkpointing=false"],
 }
-"""Task -> its keys besides data.task: arithmetic on `tiny` with the defaults (the keys of the cells
-already in the results); countdown and longtail each on the tiny model warmed up on it, with the task
-options it was warmed up on (`asyncrl.models.task_models`) and room for their prompts or answers."""
+"""Task -> its keys after data.task=<task> and the shared keys: arithmetic on `tiny` with the defaults
+(the keys of the cells already in the results); countdown and longtail each on the tiny model warmed
+up on it, with the task options it was warmed up on (`asyncrl.models.task_models`) and room for their
+prompts or answers; smollm2_addition: the pretrained SmolLM2-135M-Instruct on a + b with a, b in 0..49,
+validated greedy (one response per held-out problem), sampled at 0.7 (at 1.0 it rambles past 32
+tokens and scores 0-3%), full fine-tuning without recomputed activations (docs/benchmarks.md)."""
 MARGIN = 0.03
 """Parity: the 95% interval of (mode - colocated) final score lies above -MARGIN."""
 FINAL_POINTS = 3
@@ -85,10 +95,11 @@ def overrides(mode: str, task: str, seed: int, args: argparse.Namespace) -> list
     length = ([f"rollout.total_rollout_steps={args.steps * args.batch}",
                f"rollout.test_freq={max(args.val_every // per_version, 1)}"] if mode.startswith("fa_")
               else [f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.val_every}"])
-    return [*keys, *length, f"data.task={task}", *TASKS[task], f"seed={seed}", f"data.train_batch_size={args.batch}",
+    return [*keys, *length, f"data.task={task}", f"seed={seed}", f"data.train_batch_size={args.batch}",
             f"actor.ppo_mini_batch_size={args.batch}", f"rollout.n={args.n}", f"actor.lr={args.lr}",
             f"data.val_size={args.val_size}", "rollout.val_n=4", "trainer.val_before_train=true",
-            "trainer.logger=[jsonl]", "trainer.resume_mode=disable", "trainer.save_freq=0", *args.override]
+            "trainer.logger=[jsonl]", "trainer.resume_mode=disable", "trainer.save_freq=0", *TASKS[task],
+            *args.override]
 
 
 WALL_KEYS = ("timing_s/step", "timing_s/testing", "timing_s/save_checkpoint")
@@ -232,7 +243,7 @@ def plot(summary: dict[str, Any], img_dir: Path) -> list[Path]:
                 xs = [p[x] for p in c]
                 ax.plot(xs, [p["score"] for p in c], label=mode, lw=2 if mode == "colocated" else 1)
                 ax.fill_between(xs, [p["score_min"] for p in c], [p["score_max"] for p in c], alpha=0.12)
-        axes[0].set(xlabel="trained prompts", ylabel="validation score (mean@4)", title=f"{task}: score vs samples")
+        axes[0].set(xlabel="trained prompts", ylabel="validation score", title=f"{task}: score vs samples")
         axes[1].set(xlabel="training wall time (s)", title=f"{task}: score vs time")
         axes[1].legend(fontsize=7)
         img_dir.mkdir(parents=True, exist_ok=True)

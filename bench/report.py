@@ -1,7 +1,9 @@
 """docs/benchmarks.md and docs/img/*.png from bench/results/*.json (written by bench/run_all.py).
 
-Every number in the page is read from a results file here; nothing is typed in by hand.
-A part that has not been run yet is listed as such.
+Every number in the sections this writes is read from a results file here; nothing is typed in by
+hand. A part that has not been run yet is listed as such. The page's other `## ` sections (results
+written up with their commands: accuracy parity, the tool task, before/after comparisons) are kept
+where they are (`merge`).
 
     python bench/report.py
 """
@@ -21,8 +23,9 @@ TRAINER_TEXT = [
     "`Actor.train_step` on random long-tailed rows, the actor built by the run's own factory from the device's "
     "defaults plus each configuration's overrides (so it runs the budget, attention path and precision a run "
     "resolves). The defaults run first whatever `--time-budget-s`; the A/B configurations (grouped attention at "
-    "CALL_COST 8192, budget 8192, checkpointing, padded) run while the longest configuration so "
-    "far still fits, else they are listed as skipped, as is one whose key this tree lacks. MFU (verl) is verl's "
+    "CALL_COST 8192, budget 8192, autocast, compiled or eager: whichever the device's defaults are not, "
+    "checkpointing, padded) run while the longest configuration so far (less its compile, paid once per process) "
+    "still fits, else they are listed as skipped, as is one whose key this tree lacks. MFU (verl) is verl's "
     "estimate (6 x params with embedding and head x tokens + 12 x sum s^2 attention) over the GPU's bf16 peak; "
     "MFU (executed) counts what runs (no embedding, the head on response tokens only, causal attention pairs, "
     "recomputation under checkpointing: `telemetry.perf.executed_training_flops`). Forward is the step minus every "
@@ -389,6 +392,24 @@ def _bar_plot(name: str, names: list[str], values: list[float], ylabel: str, sec
     plt.close(fig)
 
 
+def sections(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """A page's preamble and its (`## ` heading, whole section) pairs, in order."""
+    head, *rest = ("\n" + text).split("\n## ")
+    return head[1:], [(part.split("\n", 1)[0], "## " + part) for part in rest]
+
+
+def merge(generated: str, existing: str) -> str:
+    """The page: the preamble and sections this report writes, each in place of the existing
+    section of the same heading (new ones at the end); every other existing section kept where it is.
+
+    Example: existing "A ## x(old) ## notes", generated "A ## x(new)" -> "A ## x(new) ## notes"."""
+    preamble, own = sections(generated)
+    fresh = dict(own)
+    kept = [fresh.pop(h, body) for h, body in sections(existing)[1]]
+    body = "\n".join(part.rstrip("\n") + "\n" for part in [*kept, *fresh.values()])
+    return preamble.rstrip("\n") + "\n\n" + body
+
+
 def main() -> None:
     sim = load("sim_vs_measured")
     parts = [
@@ -421,7 +442,8 @@ def main() -> None:
         *TRAINER_TEXT, "", *trainer_section(last_run("trainer_throughput_cpu"), "cpu"), "",
         *trainer_section(last_run("trainer_throughput"), "cuda"), "",
     ]
-    (ROOT / "docs/benchmarks.md").write_text("\n".join(parts))
+    page = ROOT / "docs/benchmarks.md"
+    page.write_text(merge("\n".join(parts), page.read_text() if page.exists() else ""))
 
 
 if __name__ == "__main__":

@@ -85,3 +85,17 @@ def test_each_task_runs_on_its_model_with_its_options() -> None:
         assert dropped == []
     with pytest.raises(SystemExit):
         parse(["--tasks", "arithmetic,countdwn"])
+
+
+def test_the_pretrained_task_validates_greedy_on_held_out_additions() -> None:
+    """smollm2_addition: SmolLM2 on arithmetic up to 49+49, one greedy response per held-out problem
+    (the task's keys come after the shared rollout.val_n=4), sampled at 0.7, and --override still wins."""
+    from asyncrl.config.load import load_config
+    from bench.convergence import overrides, parse
+
+    args = parse(["--tasks", "smollm2_addition", "--val-size", "500", "--override", "data.max_response_length=48"])
+    cfg = load_config(overrides=overrides("fa_stale", "smollm2_addition", 0, args))
+    assert (cfg.model.path, cfg.data.task, cfg.data.task_options) == ("smollm2-135m-instruct", "arithmetic",
+                                                                     ("high=49",))
+    assert (cfg.rollout.val_n, cfg.rollout.val_temperature, cfg.rollout.temperature) == (1, 0.0, 0.7)
+    assert (cfg.data.val_size, cfg.data.max_response_length) == (500, 48)

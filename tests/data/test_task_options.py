@@ -81,3 +81,18 @@ def test_countdown_ops_restrict_the_constructed_solutions() -> None:
     bad = load_config(overrides=["data.task=countdown", "data.task_options=[ops=^]"])
     with pytest.raises(ConfigError, match=r"countdown ops must be some of \+-\*/, got '\^'"):
         task_rows(bad.data, 4, seed=0, split="train")
+
+
+def test_countdown_short_prompt_words_the_same_puzzle() -> None:
+    """prompt=short: the same numbers and target as the full wording, the numbers just before the
+    answer; an unknown style is refused by name."""
+    options = '"counts=[2]", max_number=9'
+    full = load_config(overrides=["data.task=countdown", f"data.task_options=[{options}]"])
+    short = load_config(overrides=["data.task=countdown", f"data.task_options=[{options}, prompt=short]"])
+    for a, b in zip(task_rows(full.data, 20, seed=3, split="test"), task_rows(short.data, 20, seed=3, split="test")):
+        puzzle = json.loads(a.ground_truth)
+        assert b.ground_truth == a.ground_truth
+        assert b.messages[0]["content"] == f"Make {puzzle['target']} from {puzzle['numbers']}."
+    bad = load_config(overrides=["data.task=countdown", "data.task_options=[prompt=tiny]"])
+    with pytest.raises(ConfigError, match="countdown prompt must be one of full, short, got 'tiny'"):
+        task_rows(bad.data, 4, seed=0, split="train")

@@ -15,18 +15,26 @@ from collections.abc import Sequence
 from asyncrl.data.tasks.common import MAX_TRIES, draw_in_split, make_row, task_rng
 from asyncrl.types import PromptRow
 
-PROMPT = ("Using the numbers {numbers}, write an expression that equals {target}. "
-          "You may use + - * / and parentheses, and each number at most once. "
-          "Give the expression inside <answer></answer>.")
+PROMPTS = {
+    "full": ("Using the numbers {numbers}, write an expression that equals {target}. "
+             "You may use + - * / and parentheses, and each number at most once. "
+             "Give the expression inside <answer></answer>."),
+    "short": "Make {target} from {numbers}.",
+}
+"""The prompt styles: `full` spells the rules out (for pretrained models); `short` leaves the numbers a
+few characters before the answer, for a model that learns from scratch to copy them."""
 
 
 def make_countdown(
     n: int, *, seed: int = 0, split: str = "train",
     counts: Sequence[int] = (3, 4), max_number: int = 50, max_target: int = 1000, ops: str = "+-*/",
+    prompt: str = "full",
 ) -> list[PromptRow]:
     """n countdown puzzles over `rng.choice(counts)` numbers in [1, max_number], whose constructed
-    solutions use only `ops` (a subset of "+-*/"; the prompt still allows all four)."""
+    solutions use only `ops` (a subset of "+-*/"; the `full` prompt still allows all four), worded
+    as `PROMPTS[prompt]`."""
     assert ops and set(ops) <= set("+-*/"), f"countdown ops must be some of +-*/, got {ops!r}"
+    assert prompt in PROMPTS, f"countdown prompt must be one of {', '.join(PROMPTS)}, got {prompt!r}"
     rng = task_rng("countdown", seed, split)
 
     def draw() -> tuple[list[int], int, str]:
@@ -40,7 +48,7 @@ def make_countdown(
         numbers, target, solution = draw_in_split(draw, key, split)
         rows.append(make_row(
             split=split, index=i, data_source="countdown",
-            prompt=PROMPT.format(numbers=numbers, target=target),
+            prompt=PROMPTS[prompt].format(numbers=numbers, target=target),
             ground_truth=json.dumps({"target": target, "numbers": numbers}),
             ability="math", extra={"solution": solution},
         ))
