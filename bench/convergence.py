@@ -66,16 +66,17 @@ MODES: dict[str, tuple[list[str], int]] = {
 """Mode -> (its keys, T: updates per weight version)."""
 TASKS: dict[str, list[str]] = {
     "arithmetic": [],
-    "countdown": [f"model.path={COUNTDOWN.name}", COUNTDOWN.options_override(), "data.max_prompt_length=192"],
+    "countdown": [f"model.path={COUNTDOWN.name}", COUNTDOWN.options_override()],
     "longtail": [f"model.path={LONGTAIL.name}", LONGTAIL.options_override(), "data.max_response_length=200"],
     "smollm2_addition": ["data.task=arithmetic", f"model.path={SMOLLM2}", "data.task_options=[high=49]",
                          "data.max_prompt_length=128", "data.max_response_length=32", "rollout.temperature=0.7",
-                         "rollout.val_n=1", "rollout.val_temperature=0", "model.enable_gradient_checkpointing=false"],
+                         "rollout.val_n=1", "rollout.val_temperature=0", "model.lora_rank=0",
+                         "model.enable_gradient_checkpointing=false"],
 }
 """Task -> its keys after data.task=<task> and the shared keys: arithmetic on `tiny` with the defaults
 (the keys of the cells already in the results); countdown and longtail each on the tiny model warmed
-up on it, with the task options it was warmed up on (`asyncrl.models.task_models`) and room for their
-prompts or answers; smollm2_addition: the pretrained SmolLM2-135M-Instruct on a + b with a, b in 0..49,
+up on it, with the task options it was warmed up on (`asyncrl.models.task_models`), longtail with room
+for its answers; smollm2_addition: the pretrained SmolLM2-135M-Instruct on a + b with a, b in 0..49,
 validated greedy (one response per held-out problem), sampled at 0.7 (at 1.0 it rambles past 32
 tokens and scores 0-3%), full fine-tuning without recomputed activations (docs/benchmarks.md)."""
 MARGIN = 0.03
@@ -189,7 +190,7 @@ def final_score(points: list[dict[str, float]], last: int = FINAL_POINTS) -> flo
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per task and mode: the mean curve with its spread, final scores (`final_score`), time to 90% of
-    colocated's final score (median over seeds) and the parity verdict against colocated, paired by seed."""
+    colocated's final score (`median_time` over seeds) and the parity verdict against colocated, paired by seed."""
     done = [r for r in results if "points" in r and r["points"]]
     out: dict[str, Any] = {}
     for task in sorted({r["task"] for r in done}):
@@ -204,13 +205,21 @@ def mode_summary(by_seed: dict[int, dict[str, Any]], reference: dict[int, float]
                  target: float | None) -> dict[str, Any]:
     finals = {s: final_score(r["points"]) for s, r in by_seed.items()}
     reach = [first_wall(r["points"], target) for r in by_seed.values()] if target is not None else []
-    reached = [t for t in reach if t is not None]
     return {"seeds": sorted(by_seed), "curve": mean_curve([r["points"] for r in by_seed.values()]),
             "final_mean": statistics.fmean(finals.values()), "final_min": min(finals.values()),
             "final_max": max(finals.values()),
-            "time_to_90pct_s": statistics.median(reached) if len(reached) == len(reach) and reach else None,
+            "time_to_90pct_s": median_time(reach),
             "parity": parity([finals[s] - reference[s] for s in sorted(finals) if s in reference]),
             "samples_per_s": statistics.fmean(r["samples_per_s"] for r in by_seed.values())}
+
+
+def median_time(times: list[float | None]) -> float | None:
+    """The median over seeds of the time to the target, a seed that never reached it counting as
+    infinitely late: None when half the seeds or more never reached it.
+
+    Example: [10, None, 30] -> 30; [10, None] -> None."""
+    median = statistics.median(math.inf if t is None else t for t in times) if times else math.inf
+    return None if math.isinf(median) else median
 
 
 def first_wall(points: list[dict[str, float]], target: float) -> float | None:

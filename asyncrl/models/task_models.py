@@ -72,13 +72,15 @@ class TaskModelSpec:
 
 COUNTDOWN = TaskModelSpec(
     name="tiny-countdown", task="countdown",
-    options=(("counts", (2,)), ("max_number", 9), ("max_target", 18), ("ops", "+-")),
-    label_noise=0.3, target_score=0.5, max_new_tokens=8, warmup_max_steps=1000, warmup_batch=16,
-    warmup_lr=2e-3, probe_size=32, probe_from=100, probe_every=50)
-"""Two one-digit numbers joined by + or -: the model copies the numbers and picks the operation; its
-SFT answers are the task's constructed solutions, written bare (the scorer reads the last line), 30%
-with the operation flipped (`tiny_task.countdown_target`). Not yet shown to learn: see
-docs/benchmarks.md (in our tries copying had not appeared after up to 1,500 warm-up steps)."""
+    options=(("counts", (2,)), ("max_number", 9), ("max_target", 18), ("ops", "+-"), ("prompt", "short")),
+    label_noise=0.3, target_score=0.5, max_new_tokens=8, warmup_max_steps=1000, warmup_batch=8,
+    warmup_lr=1e-3, probe_size=32, probe_from=100, probe_every=50)
+"""Two one-digit numbers joined by + or -, in the short prompt ("Make 8 from [3, 5]."): the model
+copies the numbers and picks the operation; its SFT answers are the task's constructed solutions,
+written bare (the scorer reads the last line), 30% with the operation flipped
+(`tiny_task.countdown_target`). Copying from the full prompt's ~180 characters had not appeared
+after 1,600 warm-up steps (batches 8-32, lr 1e-3-2e-3); from the short prompt it appears after ~250
+steps of 8 at lr 1e-3 (about 10 s on one core; 950 steps of 16 at 2e-3)."""
 
 LONGTAIL = TaskModelSpec(
     name="tiny-longtail", task="longtail",

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from bench.convergence import LEGACY_SETTINGS, curve, final_score, parity, parse, same_settings, settings, summarize
+from bench.convergence import (
+    LEGACY_SETTINGS,
+    curve,
+    final_score,
+    median_time,
+    parity,
+    parse,
+    same_settings,
+    settings,
+    summarize,
+)
 
 
 def test_parity_docstring_example_and_the_other_verdicts() -> None:
@@ -37,6 +47,7 @@ def test_summary_time_to_ninety_percent_and_paired_parity() -> None:
     # target 0.9 x 0.6 = 0.54: colocated reaches it at its last validation (20 s), fa_partial at 4 s
     assert summary["colocated"]["time_to_90pct_s"] == 20 and summary["fa_partial"]["time_to_90pct_s"] == 4
     fa = summary["fa_partial"]
+    assert (median_time([10.0, None, 30.0]), median_time([10.0, None]), median_time([])) == (30.0, None, None)
     assert fa["final_mean"] == pytest.approx(0.58, rel=1e-12, abs=1e-12)
     # paired diffs 0, -0.01, -0.02, -0.03, -0.04: mean -0.02, half-width 0.0196293 -> [-0.0396, -0.0004],
     # which straddles -0.03: not shown (five seeds are not enough to call it either way)

@@ -40,7 +40,7 @@ def test_they_are_builtin_toys_that_keep_asyncrls_defaults() -> None:
 def test_run_overrides_give_the_task_and_its_options() -> None:
     cfg = load_config(overrides=COUNTDOWN.run_overrides())
     assert (cfg.model.path, cfg.data.task) == ("tiny-countdown", "countdown")
-    assert cfg.data.task_options == ("counts=[2]", "max_number=9", "max_target=18", "ops=+-")
+    assert cfg.data.task_options == ("counts=[2]", "max_number=9", "max_target=18", "ops=+-", "prompt=short")
 
 
 @pytest.mark.parametrize("spec", [COUNTDOWN, LONGTAIL], ids=lambda s: s.name)
@@ -105,3 +105,13 @@ def test_a_few_step_build_is_cached_and_loaded_by_name(tmp_path: Path, monkeypat
     assert said == []  # from the cache, no rebuild
     assert loading.local_tokenizer_dir(LONGTAIL.name) == tmp_path / small.key()
     assert model.config.vocab_size == len(tok) == len(build_char_tokenizer())
+
+
+def test_the_countdown_warm_up_teaches_copying_and_leaves_room_for_rl(model_cache: Path) -> None:
+    """The real tiny-countdown build (about 10 s on one core, then cached): greedy decoding reaches the
+    spec's target score before its step limit, which needs the two numbers copied from the prompt,
+    while sampled answers (where RL starts) stay far below."""
+    loading.load_model(ModelConfig(path=COUNTDOWN.name), lambda _: None)
+    report = json.loads((model_cache / COUNTDOWN.key() / "warmup.json").read_text())
+    assert report["steps"] < COUNTDOWN.warmup_max_steps and report["greedy_score"] >= COUNTDOWN.target_score
+    assert report["sampled_score"] < report["greedy_score"]
