@@ -1,6 +1,6 @@
 """tiny-countdown and tiny-longtail: their own cache keys (tiny's unchanged), SFT examples from the
 train split with their label noise, a tokenizer that holds every character of the tasks, and a
-few-step build that the loader then finds in the cache."""
+few-step build that the loader then finds in the cache; the real countdown warm-up learns to copy."""
 
 from __future__ import annotations
 
