@@ -65,15 +65,15 @@ MODES: dict[str, tuple[list[str], int]] = {
 }
 """Mode -> (its keys, T: updates per weight version)."""
 TASKS: dict[str, list[str]] = {
-    "arithmetic": [],
-    "countdown": [f"model.path={COUNTDOWN.name}", COUNTDOWN.options_override()],
-    "longtail": [f"model.path={LONGTAIL.name}", LONGTAIL.options_override(), "data.max_response_length=200"],
+    "arithmetic": ["data.task=arithmetic"],
+    "countdown": COUNTDOWN.run_overrides(),
+    "longtail": [*LONGTAIL.run_overrides(), "data.max_response_length=200"],
     "smollm2_addition": ["data.task=arithmetic", f"model.path={SMOLLM2}", "data.task_options=[high=49]",
                          "data.max_prompt_length=128", "data.max_response_length=32", "rollout.temperature=0.7",
                          "rollout.val_n=1", "rollout.val_temperature=0", "model.lora_rank=0",
                          "model.enable_gradient_checkpointing=false"],
 }
-"""Task -> its keys after data.task=<task> and the shared keys: arithmetic on `tiny` with the defaults
+"""Task -> its keys (its data.task among them), after the shared keys: arithmetic on `tiny` with the defaults
 (the keys of the cells already in the results); countdown and longtail each on the tiny model warmed
 up on it, with the task options it was warmed up on (`asyncrl.models.task_models`), longtail with room
 for its answers; smollm2_addition: the pretrained SmolLM2-135M-Instruct on a + b with a, b in 0..49,
@@ -96,7 +96,7 @@ def overrides(mode: str, task: str, seed: int, args: argparse.Namespace) -> list
     length = ([f"rollout.total_rollout_steps={args.steps * args.batch}",
                f"rollout.test_freq={max(args.val_every // per_version, 1)}"] if mode.startswith("fa_")
               else [f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.val_every}"])
-    return [*keys, *length, f"data.task={task}", f"seed={seed}", f"data.train_batch_size={args.batch}",
+    return [*keys, *length, f"seed={seed}", f"data.train_batch_size={args.batch}",
             f"actor.ppo_mini_batch_size={args.batch}", f"rollout.n={args.n}", f"actor.lr={args.lr}",
             f"data.val_size={args.val_size}", "rollout.val_n=4", "trainer.val_before_train=true",
             "trainer.logger=[jsonl]", "trainer.resume_mode=disable", "trainer.save_freq=0", *TASKS[task],
