@@ -120,6 +120,27 @@ def fresh_dir(root: Path, name: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{slug}-", dir=root))
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid` (empty without /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()  # comm, in parentheses, may hold spaces
+        except OSError:
+            continue  # exited while we looked
+        if fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            found.append(int(stat.parent.name))
+    return found
+
+
+def wait_group_gone(pgid: int, timeout_s: float = 10.0) -> None:
+    """Wait (a bounded while) until the SIGKILLed group's processes have died: the kill is
+    delivered asynchronously, and the group leader's own exit says nothing of its children."""
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def launch(cmd: list[str], out: Path, timeout_s: float) -> None:
     """Run `cmd` in its own process group (stdout and stderr in `out`), and kill the whole group
     when it returns, times out or this process is stopped: no process of the run outlives it."""
@@ -133,6 +154,7 @@ def launch(cmd: list[str], out: Path, timeout_s: float) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            wait_group_gone(proc.pid)
     if rc != 0:
         raise RunFailed(f"timed out after {timeout_s:.0f} s" if rc is None else f"exit status {rc}")
 

@@ -7,6 +7,7 @@ for `asyncrl train`), then one real tiny run."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,3 +96,14 @@ def test_a_real_tiny_run_trains_with_resume_off(tiny_cache, tmp_path):
     results = pipelines.run_all(args, root)
     assert json.loads((tmp_path / "res.json").read_text())["failed"] == []
     assert [(r["steps"], r["trained_responses"]) for r in results] == [(1, 4)]  # 2 prompts x 2
+
+
+def test_group_members_lists_a_groups_live_processes_and_not_its_zombies():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        assert pipelines.group_members(proc.pid) == [proc.pid]
+    finally:
+        proc.kill()
+    pipelines.wait_group_gone(proc.pid)  # a zombie until reaped below: not a member any more
+    assert pipelines.group_members(proc.pid) == []
+    proc.wait()
