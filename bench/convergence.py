@@ -25,7 +25,7 @@ of the whole matrix is printed at the start (`--cell-s`, default from the cells 
 
 `--report` (also after a run) reads the results and writes the summary JSON (`--summary`): per
 mode and task the curve's mean and spread over seeds, the final score (the mean of a run's last
-three validations: `final_score`), the time to reach 90% of
+three validations, or `--final-points` of them: `final_score`), the time to reach 90% of
 colocated's final score, and the parity verdict of `parity` (the 95% interval of the paired
 per-seed difference mode - colocated against -0.03), plus the PNG plots of score vs samples and
 vs wall time (matplotlib, the bench extra) in docs/img.
@@ -188,22 +188,23 @@ def final_score(points: list[dict[str, float]], last: int = FINAL_POINTS) -> flo
     return statistics.fmean(p["score"] for p in points[-last:])
 
 
-def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per task and mode: the mean curve with its spread, final scores (`final_score`), time to 90% of
-    colocated's final score (`median_time` over seeds) and the parity verdict against colocated, paired by seed."""
+def summarize(results: list[dict[str, Any]], last: int = FINAL_POINTS) -> dict[str, Any]:
+    """Per task and mode: the mean curve with its spread, final scores (`final_score` of the last `last`
+    validations), time to 90% of colocated's final score (`median_time` over seeds) and the parity verdict
+    against colocated, paired by seed."""
     done = [r for r in results if "points" in r and r["points"]]
     out: dict[str, Any] = {}
     for task in sorted({r["task"] for r in done}):
         runs = {m: {r["seed"]: r for r in done if r["task"] == task and r["mode"] == m} for m in MODES}
-        reference = {s: final_score(r["points"]) for s, r in runs["colocated"].items()}
+        reference = {s: final_score(r["points"], last) for s, r in runs["colocated"].items()}
         target = 0.9 * statistics.fmean(reference.values()) if reference else None
-        out[task] = {m: mode_summary(by_seed, reference, target) for m, by_seed in runs.items() if by_seed}
+        out[task] = {m: mode_summary(by_seed, reference, target, last) for m, by_seed in runs.items() if by_seed}
     return out
 
 
 def mode_summary(by_seed: dict[int, dict[str, Any]], reference: dict[int, float],
-                 target: float | None) -> dict[str, Any]:
-    finals = {s: final_score(r["points"]) for s, r in by_seed.items()}
+                 target: float | None, last: int) -> dict[str, Any]:
+    finals = {s: final_score(r["points"], last) for s, r in by_seed.items()}
     reach = [first_wall(r["points"], target) for r in by_seed.values()] if target is not None else []
     return {"seeds": sorted(by_seed), "curve": mean_curve([r["points"] for r in by_seed.values()]),
             "final_mean": statistics.fmean(finals.values()), "final_min": min(finals.values()),
@@ -291,6 +292,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--val-every", type=int, default=10, help="validate every this many updates' prompts")
     ap.add_argument("--val-size", type=int, default=64)
+    ap.add_argument("--final-points", type=int, default=FINAL_POINTS,
+                    help="validations a run's final score averages (the plateau's; a summary setting, not a cell's)")
     ap.add_argument("--timeout-s", type=float, default=1800)
     ap.add_argument("--cell-s", type=float, help="expected seconds per cell (default: the mean of those done)")
     ap.add_argument("--override", action="append", default=[], help="KEY=VALUE for every cell")
@@ -313,7 +316,7 @@ def load(path: Path) -> list[dict[str, Any]]:
 
 
 def report(args: argparse.Namespace) -> None:
-    summary = summarize(same_settings(load(args.out), args))
+    summary = summarize(same_settings(load(args.out), args), args.final_points)
     args.summary.parent.mkdir(parents=True, exist_ok=True)
     args.summary.write_text(json.dumps(summary, indent=1) + "\n")
     print(table(summary))
@@ -341,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
             result = run_cell(mode, task, seed, args)
             with args.out.open("a") as f:  # each cell as it finishes: a bench cut short keeps them
                 f.write(json.dumps(result) + "\n")
-            final = final_score(result["points"]) if result.get("points") else result.get("error")
+            final = final_score(result["points"], args.final_points) if result.get("points") else result.get("error")
             print(f"{mode} {task} seed {seed}: final {final}, {result.get('process_s', 0):.0f} s", flush=True)
     report(args)
 

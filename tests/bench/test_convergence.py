@@ -53,6 +53,9 @@ def test_summary_time_to_ninety_percent_and_paired_parity() -> None:
     # which straddles -0.03: not shown (five seeds are not enough to call it either way)
     assert fa["parity"]["ci95"] == pytest.approx([-0.0396293, -0.0003707], rel=1e-4, abs=1e-7)
     assert fa["parity"]["verdict"] == "not shown"
+    # averaged over all five validations (a whole plateau), the first ones' lower scores count too
+    assert summarize(results, last=5)["arithmetic"]["fa_partial"]["final_mean"] == pytest.approx(
+        (0.1 + 0.55 + 3 * 0.58) / 5, rel=1e-12)
 
 
 def test_final_score_is_the_mean_of_the_last_three_validations() -> None:
