@@ -17,6 +17,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from asyncrl.models import cache
+
 
 @dataclass(frozen=True)
 class TaskModelSpec:
@@ -65,7 +67,7 @@ class TaskModelSpec:
         return self.name.replace("-", "_")
 
     def key(self) -> str:
-        fields = {"task_model": asdict(self), "arch": self.arch()}
+        fields = {"task_model": asdict(self), "arch": self.arch(), "profile": cache.profile()}
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
         return f"{self.cache_name()}-{digest[:12]}"
 

@@ -52,7 +52,9 @@ class TinySpec:
     seed: int = 0
 
     def key(self) -> str:
-        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        """The spec and the arithmetic it is warmed up with (`cache.profile`)."""
+        fields = {**asdict(self), "profile": cache.profile()}
+        digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
         return f"tiny-{digest[:12]}"
 
 
@@ -173,15 +175,18 @@ def warm_up(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, spec: TinySpe
     return {"steps": float(step), "accuracy": acc, "seconds": time.perf_counter() - start}
 
 
+def build(spec: TinySpec, log: Callable[[str], None]) -> tuple[PreTrainedModel, PreTrainedTokenizerBase,
+                                                            dict[str, Any]]:
+    """A new tiny model of `spec`, warmed up (the child process of `cache.load_or_build` runs it)."""
+    tok = build_char_tokenizer()
+    model = build_model(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
+    return model, tok, warm_up(model, tok, spec, log)
+
+
 def load_tiny(cache_dir: Path | None = None, spec: TinySpec = TinySpec(), rebuild: bool = False,
               log: Callable[[str], None] = print) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The cached tiny model, built and warmed up on first use."""
     path = (cache_dir or cache.cache_dir()) / spec.key()
-
-    def build() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+    if rebuild or not (path / "config.json").exists():
         log(f"building the tiny model in {path} (one time)")
-        tok = build_char_tokenizer()
-        model = build_model(spec, len(tok), tok.pad_token_id, tok.eos_token_id)
-        return model, tok, warm_up(model, tok, spec, log)
-
-    return cache.load_or_build(path, build, rebuild)
+    return cache.load_or_build(path, f"{__name__}:build", spec, rebuild, log)

@@ -126,17 +126,20 @@ def warm_up(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, spec: TaskMod
             "greedy_acc": greedy["acc"], "sampled_score": sampled["score"], "sampled_acc": sampled["acc"]}
 
 
+def build(spec: TaskModelSpec, log: Callable[[str], None]) -> tuple[PreTrainedModel, PreTrainedTokenizerBase,
+                                                                 dict[str, Any]]:
+    """A new model of `spec`, warmed up (the child process of `cache.load_or_build` runs it)."""
+    tok = build_char_tokenizer()
+    model = build_model(TinySpec(**spec.arch()), len(tok), int(tok.pad_token_id), int(tok.eos_token_id))
+    report = warm_up(model, tok, spec, log)
+    log(f"{spec.name} warmed up: {json.dumps(report)}")
+    return model, tok, report
+
+
 def load_task_model(spec: TaskModelSpec, cache_dir: Path | None = None, rebuild: bool = False,
                     log: Callable[[str], None] = print) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The cached model of `spec`, built and warmed up on first use (its report in warmup.json)."""
     path = (cache_dir or cache.cache_dir()) / spec.key()
-
-    def build() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+    if rebuild or not (path / "config.json").exists():
         log(f"building the {spec.name} model in {path} (one time)")
-        tok = build_char_tokenizer()
-        model = build_model(TinySpec(**spec.arch()), len(tok), int(tok.pad_token_id), int(tok.eos_token_id))
-        report = warm_up(model, tok, spec, log)
-        log(f"{spec.name} warmed up: {json.dumps(report)}")
-        return model, tok, report
-
-    return cache.load_or_build(path, build, rebuild)
+    return cache.load_or_build(path, f"{__name__}:build", spec, rebuild, log)

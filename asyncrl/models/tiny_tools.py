@@ -78,7 +78,7 @@ class TinyToolsSpec:
         return TraceMix(1, self.max_digits, self.small_max_operand, 1.0, 0.0, small_share=0.0)
 
     def key(self) -> str:
-        fields = {"tools": asdict(self), "arch": asdict(self.arch())}
+        fields = {"tools": asdict(self), "arch": asdict(self.arch()), "profile": cache.profile()}
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
         return f"tiny_tools-{digest[:12]}"
 
@@ -142,19 +142,22 @@ def sampled_accuracies(model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, sp
             "sampled_no_tool_accuracy": without["accuracy"]}
 
 
+def build(spec: TinyToolsSpec, log: Callable[[str], None]) -> tuple[PreTrainedModel, PreTrainedTokenizerBase,
+                                                                 dict[str, Any]]:
+    """A new tiny-tools model of `spec`, warmed up (the child process of `cache.load_or_build` runs it)."""
+    tok = build_tool_tokenizer()
+    model = build_model(spec.arch(), len(tok), int(tok.pad_token_id), int(tok.eos_token_id))
+    report = warm_up(model, tok, spec, log)
+    model.eval()
+    report.update(sampled_accuracies(model, tok, spec))
+    log(f"{NAME} warmed up: {json.dumps(report)}")
+    return model, tok, report
+
+
 def load_tiny_tools(cache_dir: Path | None = None, spec: TinyToolsSpec = TinyToolsSpec(), rebuild: bool = False,
                     log: Callable[[str], None] = print) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The cached tiny-tools model, built and warmed up on first use (its report in warmup.json)."""
     path = (cache_dir or cache.cache_dir()) / spec.key()
-
-    def build() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+    if rebuild or not (path / "config.json").exists():
         log(f"building the {NAME} model in {path} (one time)")
-        tok = build_tool_tokenizer()
-        model = build_model(spec.arch(), len(tok), int(tok.pad_token_id), int(tok.eos_token_id))
-        report = warm_up(model, tok, spec, log)
-        model.eval()
-        report.update(sampled_accuracies(model, tok, spec))
-        log(f"{NAME} warmed up: {json.dumps(report)}")
-        return model, tok, report
-
-    return cache.load_or_build(path, build, rebuild)
+    return cache.load_or_build(path, f"{__name__}:build", spec, rebuild, log)

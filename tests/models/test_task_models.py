@@ -24,7 +24,7 @@ from asyncrl.rewards.puzzles import countdown_score
 
 
 def test_each_has_its_own_cache_key_and_tiny_keeps_its_own() -> None:
-    assert TinySpec().key() == "tiny-04d74b499ec9"
+    assert TinySpec().key().startswith("tiny-")  # pinned in test_cache
     assert COUNTDOWN.key().startswith("tiny_countdown-") and LONGTAIL.key().startswith("tiny_longtail-")
     assert dataclasses.replace(COUNTDOWN, label_noise=0.4).key() != COUNTDOWN.key()
     assert dataclasses.replace(COUNTDOWN, options=()).key() != COUNTDOWN.key()  # the options are part of the model
