@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Sequence
 
 from asyncrl.config.long_tail import SandboxConfig
+from asyncrl.rewards.sandbox import seccomp
 from asyncrl.rewards.sandbox.base import RunResult
 from asyncrl.rewards.sandbox.limits import limiter
 from asyncrl.rewards.sandbox.process import BOOT, run_process, uid_slot
@@ -63,7 +64,7 @@ class RlimitSandbox:
             with uid_slot(self.own_uid) as uid:  # its exit kills the uid's leftovers: before the rmtree
                 if uid >= 0:
                     os.chown(cwd, uid, uid)
-                argv = [self.python, "-I", "-c", BOOT, str(uid), program]
+                argv = [self.python, "-I", "-c", BOOT, str(uid), seccomp.argument(), program]
                 env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"}
                 return run_process(argv, stdin, timeout_s, marker=marker, step_timeouts_s=step_timeouts_s,
                                    max_output=self.cfg.max_output_kb * 1024, cwd=cwd, env=env,
