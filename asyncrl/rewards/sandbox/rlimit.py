@@ -11,7 +11,8 @@ left the process group included). Its cwd is a fresh temp dir, deleted afterward
 The seccomp filter (`seccomp.py`, where this host can install it) refuses sockets and nested user
 namespaces, which is what keeps the program off the network here: there is no network namespace.
 Does NOT contain: writes to world-writable places (/tmp, /dev/shm: RLIMIT_FSIZE caps one file,
-not the disk), reading files the world may read. Not root: no own uid, so no process cap, and the program can kill the worker.
+not the disk), reading files the world may read. Not root: no own uid, so no process cap, and the
+program can kill the worker.
 
 The own uid must be able to read the interpreter: when `sys.executable` lives under a directory
 others cannot enter (a pyenv under /root), the program runs on the system `python3` instead
