@@ -1,0 +1,43 @@
+"""Local rendezvous: what the listener check sees, and gloo/NCCL pointed at loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+import pytest
+
+from asyncrl.sync.rendezvous import LocalRendezvous, is_loopback, keep_local, loopback_interface, tcp_listeners
+
+
+@pytest.mark.parametrize("family, host, exposed", [
+    (socket.AF_INET, "127.0.0.1", False), (socket.AF_INET, "0.0.0.0", True),
+    (socket.AF_INET6, "::1", False), (socket.AF_INET6, "::", True)])
+def test_tcp_listeners_sees_this_process_listening(family: int, host: str, exposed: bool) -> None:
+    with socket.socket(family) as server:
+        server.bind((host, 0))
+        server.listen()
+        port = server.getsockname()[1]
+        mine = [(a, p) for a, p in tcp_listeners(os.getpid()) if p == port]
+    assert len(mine) == 1 and is_loopback(mine[0][0]) is not exposed, mine
+
+
+def test_mapped_ipv4_loopback_is_loopback() -> None:
+    assert is_loopback("::ffff:127.0.0.1") and not is_loopback("::ffff:192.0.2.2") and not is_loopback("0.0.0.0")
+
+
+def test_keep_local_points_gloo_and_nccl_at_loopback_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")  # the user's choice wins
+    keep_local()
+    assert os.environ["GLOO_SOCKET_IFNAME"] == loopback_interface() == "lo"
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "ib0"
+
+
+def test_local_rendezvous_is_private_and_removed() -> None:
+    rendezvous = LocalRendezvous()
+    assert stat.S_IMODE(os.stat(rendezvous.dir).st_mode) == 0o700
+    assert os.path.dirname(rendezvous.path) == rendezvous.dir
+    rendezvous.close()
+    assert not os.path.exists(rendezvous.dir)
