@@ -35,6 +35,15 @@ class LocalRendezvous:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def new_store_path() -> str:
+    """A fresh FileStore path in a private directory of its own (remove it with `remove_store`)."""
+    return LocalRendezvous().path
+
+
+def remove_store(path: str) -> None:
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
 def loopback_interface() -> str:
     """The loopback interface's name ("lo" on Linux), or "" where none is found."""
     try:
@@ -89,4 +98,5 @@ def is_loopback(address: str) -> bool:
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
-__all__ = ["LocalRendezvous", "is_loopback", "keep_local", "loopback_interface", "tcp_listeners"]
+__all__ = ["LocalRendezvous", "is_loopback", "keep_local", "loopback_interface", "new_store_path", "remove_store",
+           "tcp_listeners"]

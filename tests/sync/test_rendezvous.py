@@ -5,10 +5,22 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import threading
+import uuid
 
 import pytest
+import torch
 
-from asyncrl.sync.rendezvous import LocalRendezvous, is_loopback, keep_local, loopback_interface, tcp_listeners
+from asyncrl.sync.collective import broadcast, destroy_collective, get_collective, init_collective
+from asyncrl.sync.rendezvous import (
+    LocalRendezvous,
+    is_loopback,
+    keep_local,
+    loopback_interface,
+    new_store_path,
+    remove_store,
+    tcp_listeners,
+)
 
 
 @pytest.mark.parametrize("family, host, exposed", [
@@ -41,3 +53,34 @@ def test_local_rendezvous_is_private_and_removed() -> None:
     assert os.path.dirname(rendezvous.path) == rendezvous.dir
     rendezvous.close()
     assert not os.path.exists(rendezvous.dir)
+
+
+def test_a_one_host_sync_group_meets_through_a_file_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks (threads here) join through a FileStore and broadcast; while the group lives this
+    process listens on no address outside loopback (a TCPStore would listen on all of them)."""
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(var, raising=False)  # keep_local sets them; undone after the test
+    path, tag, got = new_store_path(), uuid.uuid4().hex[:8], [0.0, 0.0]
+    exposed: list[tuple[str, int]] = []
+    joined = threading.Barrier(2)
+
+    def rank_main(rank: int) -> None:
+        name = f"test-fs-{tag}-{rank}"
+        init_collective(name, rank, 2, "gloo", "", 0, timeout_s=30, store_path=path)
+        try:
+            value = torch.tensor([7.0 if rank == 0 else 0.0])
+            broadcast(get_collective(name), value).wait()
+            got[rank] = float(value.item())
+            if rank == 0:
+                exposed.extend(a for a in tcp_listeners(os.getpid()) if not is_loopback(a[0]))
+            joined.wait(30)
+        finally:
+            destroy_collective(name)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    remove_store(path)
+    assert got == [7.0, 7.0] and exposed == [] and not os.path.exists(os.path.dirname(path))
