@@ -4,7 +4,8 @@ Each run: a new PID, network, IPC, UTS and cgroup namespace (no network at all, 
 host's loopback; the program sees only its own processes), read-only binds of just what the
 interpreter needs (/usr, the /lib and /bin links, the Python prefixes; no /sys, /home, /root, /work
 other than the venv), a private `--tmpfs /tmp` of `sandbox.tmp_mb` as cwd (mode 1777: the slot uid
-writes its scratch files there; root owns the mount), `--clearenv`,
+writes its scratch files there; root owns the mount), a 1 MiB tmpfs /dev/shm of the same mode
+(multiprocessing's semaphores), `--clearenv`,
 `--new-session`, `--die-with-parent`, and bwrap's nosuid mounts. The program runs as a uid of its
 own (`process.uid_slot`): RLIMIT_NPROC then caps its processes without failing neighbours.
 `process.BOOT` then installs the seccomp filter (`seccomp.py`: no sockets, no nested user namespace).
