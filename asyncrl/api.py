@@ -37,6 +37,7 @@ import hashlib
 import importlib
 import json
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -101,11 +102,16 @@ class Trainer:
 
 
 def driver_host(backend: str) -> str:
-    """The address reward workers reach this process on: this machine's, or its cluster IP under Ray."""
+    """The address reward workers reach this process on: loopback, unless Ray may place them on
+    other nodes (a cluster named by RAY_ADDRESS, or one this process already joined): then this
+    node's cluster IP. A Ray cluster asyncrl starts itself has this node alone."""
     if backend != "ray":
         return "127.0.0.1"
-    import ray.util  # the ray backend has it
+    import ray  # the ray backend has it
+    import ray.util
 
+    if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+        return "127.0.0.1"
     return str(ray.util.get_node_ip_address())
 
 

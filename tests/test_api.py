@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.api import Trainer, function_spec
+from asyncrl.api import Trainer, driver_host, function_spec
 from asyncrl.config.load import load_train_config
 from asyncrl.config.schema import Config
 from asyncrl.data.dataset import load_rows
@@ -52,6 +52,17 @@ def test_a_lambda_is_served_from_this_process_to_workers_elsewhere() -> None:
     spec = served.cfg.reward.functions[0]
     assert spec.startswith("driver:") and "@127.0.0.1:" in spec  # the driver's address, for a worker
     assert RemoteFunction(spec)(prompts=["a", "b"], completions=["c", "d"]) == [0.5, 0.5]  # over the socket
+
+
+def test_the_driver_serves_on_loopback_unless_ray_may_span_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    assert driver_host("processes") == driver_host("ray") == "127.0.0.1"  # asyncrl's own Ray: this node alone
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.0.0.2")
+    assert driver_host("ray") == "10.0.0.2"
 
 
 def test_rows_keep_their_format_and_columns() -> None:

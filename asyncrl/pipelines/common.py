@@ -151,6 +151,7 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
             ctx.trace.add_group(g, "rollout", step=step)
         log_generations(ctx, "train", step, groups)
     metrics |= await ctx.rollout.stats()
+    ctx.slow_rewards.observe(ctx.cfg.reward, step, metrics, groups, ctx.log)
     metrics["training/responses"] = sum(len(g.trajectories) for g in groups)
     metrics["training/global_step"] = step
     metrics["training/epoch"] = ctx.prompts.epoch

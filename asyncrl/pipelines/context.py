@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ from asyncrl.config.schema import Config
 from asyncrl.data import PromptIterator
 from asyncrl.pipelines.ledger import SampleLedger
 from asyncrl.pipelines.router import RolloutRouter
+from asyncrl.pipelines.slow_rewards import SlowRewards
 from asyncrl.pipelines.stopping import StopControl
 from asyncrl.roles import TrainerSide
 from asyncrl.scheduling.plan import RunPlan
@@ -67,3 +68,5 @@ class RunContext:
     """The checkpoint this run starts from (`trainer.resume_mode`): never rewritten."""
     pipeline_state: Callable[[], dict[str, Any]] | None = None
     """The pipeline's own part of a checkpoint, taken at one instant (see `checkpoint.snapshot`)."""
+    slow_rewards: SlowRewards = field(default_factory=SlowRewards)
+    """`reward/timeout_time_share` per step, and the run's one warning when timeouts dominate."""

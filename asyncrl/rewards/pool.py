@@ -87,6 +87,10 @@ class RewardPool:
         self._live: set[_Worker] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self.timeout_wait_s = 0.0
+        """Worker seconds that timed-out calls cost, summed over the run: each call's deadline, plus
+        the start of the worker that replaces the one killed (charged when it starts)."""
+        self._timeout_kills = 0
         self._threads = ThreadPoolExecutor(num_workers, thread_name_prefix="reward-pool")
         self._finalizer = weakref.finalize(self, _kill_all, self._live, self._lock)
 
@@ -179,12 +183,16 @@ class RewardPool:
             self._slots.put(worker)
 
     def _timed_out(self, call: Call) -> Outcome:
+        with self._lock:
+            self.timeout_wait_s += deadline_s(call, self.timeout_s)
+            self._timeout_kills += 1
         return failed("timeout", f"reward function still running after {deadline_s(call, self.timeout_s):g} s "
                                  f"(reward.timeout_s); its process was killed")
 
     def _start(self) -> _Worker:
         if self._closed:
             raise _WorkerDied("the reward pool is closed")
+        start = time.monotonic()
         worker = _Worker(self.custom_function, self.sandbox)
         with self._lock:
             self._live.add(worker)
@@ -195,6 +203,10 @@ class RewardPool:
         except _WorkerDied:
             self._forget(worker)
             raise
+        with self._lock:
+            if self._timeout_kills:  # a replacement for a worker a timeout killed: the hang's cost too
+                self._timeout_kills -= 1
+                self.timeout_wait_s += time.monotonic() - start
         return worker
 
     def _forget(self, worker: _Worker | None) -> None:

@@ -9,6 +9,8 @@ shared memory, and each process runs its side's torch threads, as under Ray.
 
 `trainer.ranks` > 1: the trainer is that many processes, one process group (NCCL, rank r alone on
 GPU r; gloo on CPU) in which the actor shards itself with FSDP2 (`asyncrl.training.fsdp`). The
+ranks meet through a FileStore in a private directory, and gloo/NCCL listen on loopback only
+(`asyncrl.sync.rendezvous`): no TCP listener on the host's network interfaces. The
 pipeline sees them as one trainer (`RankGroup`): every call goes to every rank, in the same order
 on each, so their collectives pair up, and rank 0 answers; rank 0 holds the shared weight buffer.
 
@@ -32,7 +34,7 @@ from asyncrl.roles import RolloutSide, TrainerSide
 from asyncrl.scheduling.plan import RunPlan
 from asyncrl.substrates import Log, RunData, Workers
 from asyncrl.substrates.real import load_real_data, set_threads, worker_shares
-from asyncrl.sync.collective import free_port
+from asyncrl.sync.rendezvous import LocalRendezvous, keep_local
 from asyncrl.sync.transports import default_transport, make_transport
 from asyncrl.workers.factory import build_rollout_server, build_trainer_side
 from asyncrl.workers.handles import Proxy
@@ -48,13 +50,14 @@ def trainer_setup(rank: int, ranks: int, cuda: bool, memory_fraction: float) -> 
         torch.cuda.set_per_process_memory_fraction(memory_fraction)
 
 
-def trainer_rank(cfg: Config, plan: RunPlan, rank: int, port: int,
+def trainer_rank(cfg: Config, plan: RunPlan, rank: int, store_path: str,
                  compute: ThreadPoolExecutor | None = None) -> TrainerSide:
-    """Join the trainer's process group as `rank` (none for a single rank), then build the trainer
-    side: its actor shards itself in the group."""
+    """Join the trainer's process group as `rank` (none for a single rank) through the FileStore at
+    `store_path`, then build the trainer side: its actor shards itself in the group."""
     if cfg.trainer.ranks > 1:
         backend = "nccl" if cfg.trainer.device == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        keep_local()
+        dist.init_process_group(backend, store=dist.FileStore(store_path, cfg.trainer.ranks), rank=rank,
                                 world_size=cfg.trainer.ranks)
     return build_trainer_side(cfg, plan, compute=compute)
 
@@ -78,6 +81,7 @@ class ProcessSubstrate:
 
     def __init__(self) -> None:
         self.handles: list[ProcessHandle] = []
+        self.rendezvous: LocalRendezvous | None = None
 
     def load_data(self, cfg: Config, log: Log) -> RunData:
         set_threads(cfg.num_threads)
@@ -85,11 +89,13 @@ class ProcessSubstrate:
 
     def build_workers(self, cfg: Config, plan: RunPlan, log: Log) -> Workers:
         shares = worker_shares(cfg)
-        cuda, ranks, port = cfg.trainer.device == "cuda", cfg.trainer.ranks, free_port()
+        cuda, ranks = cfg.trainer.device == "cuda", cfg.trainer.ranks
+        self.rendezvous = LocalRendezvous() if ranks > 1 else None
+        store = self.rendezvous.path if self.rendezvous is not None else ""
         shared = 1.0 - cfg.rollout.gpu_memory_utilization if cfg.pipeline != "colocated" else 1.0
         trainer_handles = [  # rank 0 shares GPU 0 with the engine: it keeps the engine's fraction free
             ProcessHandle("trainer" if ranks == 1 else f"trainer rank {r}",
-                          functools.partial(trainer_rank, cfg, plan, r, port), num_threads=shares.trainer_threads,
+                          functools.partial(trainer_rank, cfg, plan, r, store), num_threads=shares.trainer_threads,
                           setup=functools.partial(trainer_setup, r, ranks, cuda, shared if r == 0 else 1.0))
             for r in range(ranks)]
         rollout_handles = [ProcessHandle(f"rollout worker {i}", functools.partial(build_rollout_server, cfg, i),
@@ -107,3 +113,6 @@ class ProcessSubstrate:
         for handle in self.handles:
             handle.close()
         self.handles = []
+        if self.rendezvous is not None:
+            self.rendezvous.close()
+            self.rendezvous = None

@@ -1,8 +1,12 @@
 """Standalone torch.distributed groups for weight broadcast, registered by name per process.
 
 A sync group (trainer rank 0 + one rank per rollout host) is its own `ProcessGroupGloo` (CPU)
-or `ProcessGroupNCCL` (GPU) over a private `TCPStore`, not the default process group: the
-trainer may already belong to an FSDP world, and `init_process_group` can run once per process.
+or `ProcessGroupNCCL` (GPU), not the default process group: the trainer may already belong to an
+FSDP world, and `init_process_group` can run once per process. Its members meet through a
+`FileStore` in a private directory when they share one host (`store_path`; gloo and NCCL then
+listen on loopback, `rendezvous.keep_local`), else through a `TCPStore` on rank 0's address
+(multi-node: it listens on all interfaces, unauthenticated; docs/reliability.md says what to
+firewall).
 Every member calls `init_collective` with the same name, world size and address at the same
 time (it blocks until all have joined); afterwards code in that process finds the group with
 `get_collective(name)`.
@@ -22,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.errors import ConfigError, SyncError
+from asyncrl.sync.rendezvous import keep_local
 
 DEFAULT_TIMEOUT_S = 600.0
 """How long a member waits for the others (at setup and inside each broadcast)."""
@@ -48,16 +53,21 @@ _LOCK = threading.Lock()
 
 def init_collective(group_name: str, rank: int, world_size: int, backend: str,
                     master_addr: str, master_port: int,
-                    timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """Join group `group_name` as `rank` (rank 0 hosts the rendezvous store)."""
+                    timeout_s: float = DEFAULT_TIMEOUT_S, store_path: str = "") -> None:
+    """Join group `group_name` as `rank`: through the FileStore at `store_path` (one host), else
+    the TCPStore rank 0 hosts at `master_addr:master_port`."""
     if backend not in ("gloo", "nccl"):
         raise ConfigError(f"collective backend must be 'gloo' or 'nccl', got {backend!r}")
     with _LOCK:
         if group_name in _GROUPS:
             raise SyncError(f"this process already belongs to sync group {group_name!r}")
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0,
-                          timeout=timeout)
+    store: dist.Store
+    if store_path:
+        keep_local()
+        store = dist.FileStore(store_path, world_size)
+    else:
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
     pg: dist.ProcessGroupNCCL | dist.ProcessGroupGloo
     if backend == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
@@ -114,7 +124,8 @@ def same_on_all_ranks(group: Collective, value: int) -> bool:
 
 
 def free_port() -> int:
-    """A TCP port free on this host right now (for the rendezvous store)."""
+    """A TCP port free on every interface of this host right now (for a multi-node TCPStore);
+    the socket is closed at once, it never listens."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])

@@ -29,6 +29,7 @@ from asyncrl.errors import ConfigError
 from asyncrl.roles import WeightSink, WeightSource
 from asyncrl.sync.buckets import DEFAULT_BUCKET_MB
 from asyncrl.sync.collective import DEFAULT_TIMEOUT_S, cuda_available, destroy_collective, free_port, init_collective
+from asyncrl.sync.rendezvous import new_store_path, remove_store
 from asyncrl.sync.shared import attach_shared, close_shared, open_shared, shared_handles
 from asyncrl.types import WeightMeta
 
@@ -118,18 +119,25 @@ class BroadcastTransport:
         self.group_name = f"asyncrl-sync-{uuid.uuid4().hex[:12]}"
         self.meta: list[WeightMeta] = []
         self._joined = False
+        self._store = ""
+        """The one-host FileStore's path (in a private directory the trainer's process made), if any."""
 
     async def setup(self, meta: Sequence[WeightMeta]) -> None:
-        """Create the group: trainer = rank 0 (hosts the store), rollout i = rank i + 1."""
+        """Create the group: trainer = rank 0, rollout i = rank i + 1. On one host the members meet
+        through a FileStore in a private directory the trainer's process makes (no TCP listener);
+        across hosts through a TCPStore on the trainer's node address."""
         self.meta = list(meta)
         leader, members = self.processes[0], self.processes
         backend = self.backend
         if backend == "auto":
             backend = "nccl" if await leader.run(cuda_available) else "gloo"
-        addr, port = await leader.node_ip(), await leader.run(free_port)
+        addr = await leader.node_ip()
+        one_host = all([await h.node_ip() == addr for h in members[1:]])
+        port = 0 if one_host else await leader.run(free_port)
+        self._store = await leader.run(new_store_path) if one_host else ""
         await asyncio.gather(*(
             h.run(init_collective, self.group_name, rank, len(members), backend, addr, port,
-                  self.timeout_s)
+                  self.timeout_s, self._store)
             for rank, h in enumerate(members)))
         self._joined = True
 
@@ -144,6 +152,9 @@ class BroadcastTransport:
             self._joined = False
             await asyncio.gather(*(h.run(destroy_collective, self.group_name) for h in self.processes),
                                  return_exceptions=True)
+        if self._store:
+            await self.processes[0].run(remove_store, self._store)
+            self._store = ""
 
 
 class SharedBufferTransport:

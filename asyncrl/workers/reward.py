@@ -162,7 +162,10 @@ class RewardWorker:
         self.score(rows, [t for g in groups for t in g.trajectories], mode)
 
     def metrics(self) -> dict[str, float]:
-        metrics = self.stats.metrics()
+        """Cumulative counts; `reward/timeout_wait_s` (worker seconds lost waiting out timeouts) and
+        `reward/workers` let the trainer side compute `reward/timeout_time_share` per step."""
+        metrics = self.stats.metrics() | {"reward/timeout_wait_s": self.pool.timeout_wait_s,
+                                          "reward/workers": float(self.cfg.num_workers)}
         if self.code_timeouts is not None:
             metrics.update(self.code_timeouts.metrics())
         return metrics

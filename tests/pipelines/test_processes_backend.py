@@ -12,6 +12,7 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
 from asyncrl.pipelines import pipeline_module
+from asyncrl.sync.rendezvous import is_loopback, tcp_listeners
 from asyncrl.sync.transports import SharedBufferTransport
 from asyncrl.training import fsdp
 from tests.pipelines.helpers import make_context, read_jsonl
@@ -51,10 +52,14 @@ def test_a_sharded_trainer_of_two_ranks_trains_in_a_pipeline(tiny_cache, tmp_pat
 
     async def main():
         worlds = [await rank.run(fsdp.world) for rank in group.ranks]
+        pids = [await h.pid() for h in [*group.ranks, ctx.rollout.workers[0]._caller]]
+        exposed = [(pid, a, p) for pid in pids for a, p in tcp_listeners(pid) if not is_loopback(a)]
         await pipeline_module("one_step_off").run(ctx)
-        return worlds
+        return worlds, exposed
 
-    assert asyncio.run(main()) == [(0, 2), (1, 2)]
+    worlds, exposed = asyncio.run(main())
+    assert worlds == [(0, 2), (1, 2)]
+    assert exposed == []  # the ranks met through a FileStore; gloo listens on loopback only
     steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "timing_s/step" in r]
     assert len(steps) == 3 and ctx.synchronizer.transfers >= 2
     assert all(math.isfinite(r["actor/pg_loss"]) for r in steps)

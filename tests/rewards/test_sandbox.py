@@ -2,9 +2,11 @@
 
 Runs for the bwrap backend (skipped only when bwrap is absent) and for rlimit where rlimit can
 contain the attack. The rlimit fallback's known limits, by design (see `sandbox/rlimit.py`): no
-network isolation (a program reaches 127.0.0.1) and no file-system isolation beyond the uid
-(world-writable dirs are writable); the uid-based containment (process cap, no writes to
-root-owned dirs, no signals to the worker, orphans swept) needs root, so those cases skip otherwise.
+network namespace (the seccomp filter's refusal of socket() is what keeps it off 127.0.0.1) and no
+file-system isolation beyond the uid (world-writable dirs are writable); the uid-based containment
+(process cap, no writes to root-owned dirs, no signals to the worker, orphans swept) needs root, so
+those cases skip otherwise. The seccomp cases (sockets, nested user namespaces) skip only where
+`seccomp.unavailable()` gives the reason this host cannot install the filter.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pytest
 
 from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.rewards.code_exec import code_score, compute_code
-from asyncrl.rewards.sandbox import Sandbox, make_sandbox
+from asyncrl.rewards.sandbox import Sandbox, make_sandbox, seccomp
 from asyncrl.rewards.sandbox.bwrap import available
 from asyncrl.rewards.sandbox.process import MAX_SLOTS, SLOT_DIR, SLOT_UID_BASE, is_zombie
 
@@ -98,7 +100,7 @@ def test_fork_bomb(sandbox: Sandbox) -> None:
 
 def test_connect_to_host_listener(sandbox: Sandbox) -> None:
     if sandbox.name == "rlimit":
-        pytest.skip("known limit: rlimit does not isolate the network")
+        needs_seccomp()  # rlimit has no network namespace: the filter's refusal of socket() is its guard
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
@@ -124,10 +126,108 @@ def test_fill_memory(sandbox: Sandbox) -> None:
     assert_host_intact(sandbox)
 
 
+def test_scratch_files_in_tmp_score(sandbox: Sandbox) -> None:
+    """An honest program that writes scratch files (in its cwd and through tempfile) scores."""
+    body = "import tempfile\ndef f(x):\n    open('scratch.txt', 'w').write(str(x))\n" \
+           "    with tempfile.NamedTemporaryFile('w+') as t:\n        t.write('y' * (1 << 20)); t.seek(0)\n" \
+           "        assert len(t.read()) == 1 << 20\n    return int(open('scratch.txt').read())*3+1"
+    assert score(sandbox, body)["score"] == 1.0
+
+
 def test_fill_tmp(sandbox: Sandbox) -> None:
-    body = "def f(x):\n    with open('big', 'wb') as out:\n        for _ in range(64):\n" \
-           "            out.write(bytes(1 << 20))\n    return x*3+1"  # 64 MiB into an 8 MiB tmp
+    """The tmp limit bites at sandbox.tmp_mb: writes succeed up to it, then fail with ENOSPC (bwrap's
+    tmpfs, many files) or EFBIG (rlimit: RLIMIT_FSIZE on one file; many files there are a known limit)."""
+    many = sandbox.name == "bwrap"
+    program = "import errno\nn = 0\ntry:\n    for i in range(64):\n" \
+              f"        with open({'f{i}' if many else 'big'!r}.format(i=i), {'wb' if many else 'ab'!r}) as out:\n" \
+              "            out.write(bytes(1 << 20))\n        n += 1\nexcept OSError as e:\n" \
+              "    print(n, errno.errorcode[e.errno])"
+    result = sandbox.run(program, "", 5.0)
+    written, code = result.stdout.split()
+    assert CFG.tmp_mb - 1 <= int(written) <= CFG.tmp_mb and code == ("ENOSPC" if many else "EFBIG"), result
+    assert_host_intact(sandbox)
+
+
+def needs_seccomp() -> None:
+    if missing := seccomp.unavailable():
+        pytest.skip(missing)
+
+
+def test_nested_user_namespace_is_refused(sandbox: Sandbox) -> None:
+    needs_seccomp()
+    body = "import ctypes, subprocess\ndef f(x):\n    libc = ctypes.CDLL(None, use_errno=True)\n" \
+           "    ok = libc.unshare(0x10000000) == 0\n" \
+           "    ok = ok or subprocess.run(['unshare', '-U', 'true'], capture_output=True).returncode == 0\n" \
+           "    return x*3+1 if ok else None"
     assert score(sandbox, body)["score"] == 0.0
+    assert_host_intact(sandbox)
+
+
+HOARD = {  # kernel memory RLIMIT_AS does not count, if the kernel lets it (socket pairs: 16 MiB in the
+    # 256 fds one process may hold, 28 MiB without the filter; memfd, shm: 64 MiB)
+    "socket pairs": "import socket\nsocks = []\ndef hoard():\n    held = 0\n    while held < 16 << 20:\n"
+                    "        a, b = socket.socketpair(); socks.extend((a, b)); a.setblocking(False)\n"
+                    "        try:\n            while True:\n                held += a.send(bytes(65536))\n"
+                    "        except BlockingIOError:\n            pass\n",
+    "memfd": "import os\nfds = []\ndef hoard():\n    for _ in range(8):\n        fds.append(os.memfd_create('x'))\n"
+             "        for _ in range(8):\n            os.write(fds[-1], bytes(1 << 20))\n",
+    "System V shm": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+                    "def hoard():\n    seg = libc.shmget(0, 64 << 20, 0o1600)\n    assert seg >= 0\n"
+                    "    addr = libc.shmat(seg, None, 0)\n    ctypes.memset(addr, 1, 64 << 20)\n"
+                    "    libc.shmdt(ctypes.c_void_p(addr))\n    libc.shmctl(seg, 0, None)\n",
+}
+
+
+@pytest.mark.parametrize("kind", HOARD)
+def test_memory_outside_the_rlimit_is_refused(sandbox: Sandbox, kind: str) -> None:
+    """Local socket pairs held 683-780 MB past a 1 GB RLIMIT_AS; memfds and System V shared memory
+    are the same kind of memory. The seccomp filter refuses the calls that make them."""
+    needs_seccomp()
+    body = HOARD[kind] + "def f(x):\n    try:\n        hoard()\n    except (OSError, AssertionError):\n" \
+                         "        return None\n    return x*3+1"
+    assert score(sandbox, body)["score"] == 0.0
+    assert_host_intact(sandbox)
+
+
+FILL_PIPES = """
+import fcntl, os
+report, hold = os.pipe(), os.pipe()
+parent = all(os.fork() != 0 for _ in range(3))  # 4 processes: the parent and 3 children
+held = 0
+try:
+    while True:
+        r, w = os.pipe()
+        try:
+            fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+        except OSError:
+            pass
+        os.set_blocking(w, False)
+        try:
+            while True:
+                held += os.write(w, bytes(65536))
+        except BlockingIOError:
+            pass
+except OSError:
+    pass
+os.write(report[1], b"%d\\n" % held)
+if not parent:
+    os.read(hold[0], 1)  # keep the pipes until the run ends
+got = b""
+while got.count(b"\\n") < 4:
+    got += os.read(report[0], 4096)
+print(got.decode())
+"""
+PIPE_SOFT_MIB = int(Path("/proc/sys/fs/pipe-user-pages-soft").read_text()) * 4096 >> 20
+
+
+@pytest.mark.skipif(PIPE_SOFT_MIB == 0, reason="this host sets no per-user pipe buffer limit (pipe-user-pages-soft 0)")
+def test_pipe_buffers_are_bounded(sandbox: Sandbox) -> None:
+    """4 processes each fill as many 1 MiB pipes as their fds allow (4 x 126 MiB unbounded): the
+    kernel's per-uid soft limit, on the run's own uid, holds them to about pipe-user-pages-soft."""
+    needs_root_for_rlimit(sandbox)
+    result = sandbox.run(FILL_PIPES, "", 10.0)
+    held_mib = [int(n) >> 20 for n in result.stdout.split()]
+    assert len(held_mib) == 4 and sum(held_mib) <= PIPE_SOFT_MIB + 16, result
     assert_host_intact(sandbox)
 
 

@@ -79,7 +79,9 @@ def test_score_groups_sets_statuses_and_metrics(worker: RewardWorker) -> None:
     worker.score_groups([group])  # 2 of 3 failed, but the window (4) is not full yet
     assert [(t.reward, t.reward_status) for t in group.trajectories] == [(1.0, "ok"), (0.0, "error"), (0.0, "timeout")]
     assert worker.metrics() == {"reward/ok_count": 1.0, "reward/errors": 1.0, "reward/timeouts": 1.0,
-                                "reward/invalid": 0.0}
+                                "reward/invalid": 0.0, "reward/timeout_wait_s": 0.5, "reward/workers": 2.0}
+    worker.score_groups([Group("g2", ROW, [traj("ok"), traj("ok")])])  # one on the killed worker's replacement: charged
+    assert worker.metrics()["reward/timeout_wait_s"] > 0.5
 
 
 def test_too_many_failures_raise_a_reward_error(worker: RewardWorker) -> None:

@@ -3,9 +3,12 @@
 Each run: a new PID, network, IPC, UTS and cgroup namespace (no network at all, not even the
 host's loopback; the program sees only its own processes), read-only binds of just what the
 interpreter needs (/usr, the /lib and /bin links, the Python prefixes; no /sys, /home, /root, /work
-other than the venv), a private `--tmpfs /tmp` of `sandbox.tmp_mb` as cwd, `--clearenv`,
+other than the venv), a private `--tmpfs /tmp` of `sandbox.tmp_mb` as cwd (mode 1777: the slot uid
+writes its scratch files there; root owns the mount), a 1 MiB tmpfs /dev/shm of the same mode
+(multiprocessing's semaphores), `--clearenv`,
 `--new-session`, `--die-with-parent`, and bwrap's nosuid mounts. The program runs as a uid of its
 own (`process.uid_slot`): RLIMIT_NPROC then caps its processes without failing neighbours.
+`process.BOOT` then installs the seccomp filter (`seccomp.py`: no sockets, no nested user namespace).
 
 Why not `--unshare-all` and `--cap-drop ALL` as written: run as root, `--unshare-all` adds a user
 namespace mapping only root, where no other uid exists to drop to; so we unshare every namespace
@@ -28,10 +31,13 @@ import sys
 from collections.abc import Sequence
 
 from asyncrl.config.long_tail import SandboxConfig
+from asyncrl.rewards.sandbox import seccomp
 from asyncrl.rewards.sandbox.base import RunResult
 from asyncrl.rewards.sandbox.limits import MIB, limiter
 from asyncrl.rewards.sandbox.process import BOOT, run_process, uid_slot
 
+SHM_MB = 1
+"""/dev/shm: room for multiprocessing's semaphores (a page each), not a second tmp."""
 _SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 
 
@@ -97,9 +103,11 @@ class BwrapSandbox:
             isolation = ["--unshare-all", "--cap-drop", "ALL"]
         return [self.bwrap, *isolation, "--die-with-parent", "--new-session", "--clearenv",
                 "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
-                "--hostname", "sandbox", "--size", str(self.cfg.tmp_mb * MIB), "--tmpfs", "/tmp",
-                *self.mounts, "--proc", "/proc", "--dev", "/dev", "--chdir", "/tmp",  # after /tmp: a venv may be there
-                "--", self.python, "-I", "-c", BOOT, str(uid), program]
+                "--hostname", "sandbox", "--perms", "1777", "--size", str(self.cfg.tmp_mb * MIB), "--tmpfs", "/tmp",
+                *self.mounts, "--proc", "/proc", "--dev", "/dev",
+                "--perms", "1777", "--size", str(SHM_MB * MIB), "--tmpfs", "/dev/shm",  # POSIX semaphores
+                "--chdir", "/tmp",  # after /tmp: a venv may be there
+                "--", self.python, "-I", "-c", BOOT, str(uid), seccomp.argument(), program]
 
     def run(self, program: str, stdin: str, timeout_s: float, *, marker: str = "",
             step_timeouts_s: Sequence[float] = ()) -> RunResult:

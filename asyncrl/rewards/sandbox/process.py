@@ -37,11 +37,21 @@ BOOT = (
     "import ctypes,os,sys\n"
     "u=int(sys.argv[1])\n"
     "if u>=0:\n os.setgroups([]);os.setgid(u);os.setuid(u)\n"
-    "ctypes.CDLL(None).prctl(38,1,0,0,0)\n"  # PR_SET_NO_NEW_PRIVS: a setuid binary cannot give root back
-    "p=sys.argv[2];del sys.argv[1:3]\n"
+    "c=ctypes.CDLL(None,use_errno=True);L=ctypes.c_ulong\n"
+    "c.prctl(38,L(1),L(0),L(0),L(0))\n"  # PR_SET_NO_NEW_PRIVS: a setuid binary cannot give root back
+    "f=bytes.fromhex(sys.argv[2])\n"
+    "if f:\n"  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER, struct sock_fprog {len, filter*} (see seccomp.py)
+    " b=ctypes.create_string_buffer(f,len(f))\n"
+    " class P(ctypes.Structure):_fields_=[('n',ctypes.c_ushort),('f',ctypes.c_void_p)]\n"
+    " q=P(len(f)//8,ctypes.addressof(b))\n"
+    " if c.prctl(22,L(2),ctypes.byref(q),L(0),L(0)):\n"
+    "  raise SystemExit('sandbox: seccomp refused: errno %d'%ctypes.get_errno())\n"
+    "p=sys.argv[3];del sys.argv[1:4]\n"
     "exec(compile(p,'<program>','exec'),{'__name__':'__main__','__builtins__':__builtins__})\n"
 )
-"""Runs first inside the sandbox: drop to the slot uid (all capabilities go with root), then the program."""
+"""Runs first inside the sandbox: drop to the slot uid (all capabilities go with root), set
+no_new_privs, install the seccomp filter given as hex (`seccomp.program()`; "" for none), then
+run the program. argv: uid, filter hex, program."""
 
 
 @contextmanager

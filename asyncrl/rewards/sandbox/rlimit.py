@@ -8,9 +8,11 @@ other runs, it cannot signal the reward worker or read its /proc/<pid>/environ, 
 files only root may write, and every process of that uid is killed after the run (orphans that
 left the process group included). Its cwd is a fresh temp dir, deleted afterwards.
 
-Does NOT contain: the network (a program can connect anywhere, 127.0.0.1 included), writes to
-world-writable places (/tmp, /dev/shm: RLIMIT_FSIZE caps one file, not the disk), reading files
-the world may read. Not root: no own uid, so no process cap, and the program can kill the worker.
+The seccomp filter (`seccomp.py`, where this host can install it) refuses sockets and nested user
+namespaces, which is what keeps the program off the network here: there is no network namespace.
+Does NOT contain: writes to world-writable places (/tmp, /dev/shm: RLIMIT_FSIZE caps one file,
+not the disk), reading files the world may read. Not root: no own uid, so no process cap, and the
+program can kill the worker.
 
 The own uid must be able to read the interpreter: when `sys.executable` lives under a directory
 others cannot enter (a pyenv under /root), the program runs on the system `python3` instead
@@ -27,6 +29,7 @@ import tempfile
 from collections.abc import Sequence
 
 from asyncrl.config.long_tail import SandboxConfig
+from asyncrl.rewards.sandbox import seccomp
 from asyncrl.rewards.sandbox.base import RunResult
 from asyncrl.rewards.sandbox.limits import limiter
 from asyncrl.rewards.sandbox.process import BOOT, run_process, uid_slot
@@ -63,7 +66,7 @@ class RlimitSandbox:
             with uid_slot(self.own_uid) as uid:  # its exit kills the uid's leftovers: before the rmtree
                 if uid >= 0:
                     os.chown(cwd, uid, uid)
-                argv = [self.python, "-I", "-c", BOOT, str(uid), program]
+                argv = [self.python, "-I", "-c", BOOT, str(uid), seccomp.argument(), program]
                 env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"}
                 return run_process(argv, stdin, timeout_s, marker=marker, step_timeouts_s=step_timeouts_s,
                                    max_output=self.cfg.max_output_kb * 1024, cwd=cwd, env=env,
