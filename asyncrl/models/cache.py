@@ -80,7 +80,9 @@ def load_or_build(path: Path, builder: str, spec: Any, rebuild: bool = False,
     child's log lines go to `log`. The model comes back in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if rebuild or not (path / "config.json").exists():
+    if rebuild:
+        shutil.rmtree(path, ignore_errors=True)
+    if not (path / "config.json").exists():
         _build(path, builder, spec, log)
     model = AutoModelForCausalLM.from_pretrained(path)
     model.eval()
@@ -112,5 +114,15 @@ def _build(path: Path, builder: str, spec: Any, log: Callable[[str], None]) -> N
                 child.wait()
             if child.returncode != 0:
                 shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.replace(path)
+    _move_into_place(tmp, path)
+
+
+def _move_into_place(tmp: Path, path: Path) -> None:
+    """Rename the built `tmp` to `path`; where another process (a second test worker) got there
+    first, keep its copy: the same spec on the same profile is the same model."""
+    try:
+        tmp.rename(path)
+    except OSError:
+        if not (path / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)

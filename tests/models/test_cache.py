@@ -74,3 +74,14 @@ def test_a_failed_build_leaves_nothing_half_built(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="building the model in .* failed"):
         cache.load_or_build(tmp_path / "m", "asyncrl.models.tiny:no_such_builder", TinySpec(), log=lambda _: None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_builder_keeps_the_model_that_landed_first(tmp_path: Path) -> None:
+    """Two test workers sharing one cache may build the same model at once: the later one's copy is
+    dropped, and the first one's stays readable throughout."""
+    first, late = tmp_path / "tiny-x", tmp_path / "tiny-x.tmp42"
+    for d, text in ((first, "first"), (late, "late")):
+        d.mkdir()
+        (d / "config.json").write_text(text)
+    cache._move_into_place(late, first)
+    assert (first / "config.json").read_text() == "first" and not late.exists()
