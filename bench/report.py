@@ -261,7 +261,7 @@ def _spread(stat: dict[str, float] | None, unit: str = " s", digits: int = 2, sc
 
 
 DISK_FAULTS = {"tmpfs_model_weights": "a tmpfs fills during model.safetensors",
-               "tmpfs_optimizer_state": "a tmpfs fills during actor_state.safetensors",
+               "tmpfs_optimizer_state": "a tmpfs fills during actor_state.pt (torch.save)",
                "enospc_in_atomic_write": "ENOSPC from the checkpoint's own writes (as the unit test)"}
 
 
