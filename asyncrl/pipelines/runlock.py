@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import json
 import os
 import socket
@@ -62,9 +63,7 @@ def hold_run_dir(out: Path, log: Callable[[str], None]) -> RunLock:
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_FILE
     file = path.open("a+")  # not inherited by programs this process starts (O_CLOEXEC)
-    try:
-        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not _try_lock(file):
         holder = _holder(file)
         file.close()
         raise RunDirBusy(f"{out} is in use by another run ({_describe(holder)}, lock {path}); wait for it to "
@@ -77,6 +76,21 @@ def hold_run_dir(out: Path, log: Callable[[str], None]) -> RunLock:
                            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
     file.flush()
     return RunLock(path, file)
+
+
+def _try_lock(file: IO[str]) -> bool:
+    """Take the lock if it is free. Held by this very process: once more after a garbage
+    collection, which closes the lock of an earlier run's context that only a cycle still holds."""
+    for attempt in range(2):
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            holder = _holder(file)
+            if attempt or (holder.get("pid"), holder.get("host")) != (os.getpid(), socket.gethostname()):
+                return False
+            gc.collect()
+    return False
 
 
 def _holder(file: IO[str]) -> dict[str, Any]:
