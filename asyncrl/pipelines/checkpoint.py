@@ -31,7 +31,6 @@ from asyncrl.errors import AsyncRLError, CheckpointError
 from asyncrl.fsutil import atomic_write_text
 from asyncrl.pipelines.manifest import COMPLETE, complete_checkpoints, write_manifest
 from asyncrl.pipelines.runlock import pid_alive
-from asyncrl.state_io import load_state, read_json, save_state
 
 if TYPE_CHECKING:
     from asyncrl.pipelines.context import RunContext
@@ -68,6 +67,8 @@ def snapshot(ctx: RunContext) -> dict[str, Any]:
 
 async def save_checkpoint(ctx: RunContext, state: dict[str, Any] | None = None) -> Path:
     """Write the checkpoint of the last finished update (`ctx.step`); returns its directory."""
+    from asyncrl.state_io import save_state  # torch: not for `asyncrl train`'s preflight, which imports this module
+
     state = state if state is not None else snapshot(ctx)
     root = checkpoint_root(ctx.output_dir)
     final = root / f"global_step_{state['step']}"
@@ -146,6 +147,8 @@ def _live_writer(name: str) -> bool:
 
 def load_checkpoint_state(path: Path) -> dict[str, Any]:
     """The run state of checkpoint `path` (JSON only; a pickle beside it is never opened)."""
+    from asyncrl.state_io import load_state, read_json
+
     state = read_json(path / "state.json")
     if not isinstance(state, dict):
         raise CheckpointError(f"{path / 'state.json'} is not a run state; the checkpoint is damaged")

@@ -28,7 +28,6 @@ from typing import Any
 
 from asyncrl.errors import CheckpointError
 from asyncrl.fsutil import atomic_write_text
-from asyncrl.state_io import read_json
 
 MANIFEST = "manifest.json"
 COMPLETE = "COMPLETE"
@@ -60,9 +59,13 @@ def damage(ckpt: Path) -> str | None:
     if not (ckpt / MANIFEST).exists():
         return f"{MANIFEST} is missing"
     try:
-        files = _listed(read_json(ckpt / MANIFEST))
-    except (CheckpointError, TypeError) as exc:
-        return f"{MANIFEST} is unreadable ({exc})" if isinstance(exc, TypeError) else f"{MANIFEST} is not valid JSON"
+        manifest = json.loads((ckpt / MANIFEST).read_bytes())
+    except (ValueError, RecursionError):
+        return f"{MANIFEST} is not valid JSON"
+    try:
+        files = _listed(manifest)
+    except TypeError as exc:
+        return f"{MANIFEST} is unreadable ({exc})"
     for rel, want in files.items():
         path = ckpt / rel
         if not path.is_file():

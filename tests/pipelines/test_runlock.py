@@ -77,3 +77,10 @@ def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def test_the_run_directory_modules_load_no_torch():
+    """`asyncrl train` runs preflight after importing `rundir` and before torch loads (seconds)."""
+    code = "import sys, asyncrl.pipelines.rundir; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+                          ).returncode == 0
