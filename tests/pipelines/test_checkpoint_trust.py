@@ -65,8 +65,9 @@ def resume(ctx: RunContext, out: Path, log=lambda _: None) -> Path:
 
 
 def plant(path: Path, marker: Path) -> None:
-    if path.suffix in (".pt", ".pkl") or path.parent.suffix == ".pt":
-        torch.save(Payload(marker), path) if path.suffix == ".pt" else path.write_bytes(pickle.dumps(Payload(marker)))
+    """A payload that creates `marker` when loaded: as `torch.save` writes it for `.pt`, else a bare pickle."""
+    if path.suffix == ".pt":
+        torch.save(Payload(marker), path)
     else:
         path.write_bytes(pickle.dumps(Payload(marker)))
 
