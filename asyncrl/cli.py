@@ -6,6 +6,8 @@ A YAML file (optional) then dotted overrides (ours or verl's names), e.g.
 variants side by side, `--fit metrics.jsonl` fits a profile to a measured run).
 `asyncrl config` prints the resolved config with every key documented.
 `asyncrl eval` scores a model on held-out prompts: mean@k and pass@k under verl's names.
+`asyncrl convert-checkpoint DIR` rewrites checkpoints of the old pickle format (which a run
+refuses) as JSON + safetensors, once, for a user who trusts whoever could write DIR.
 `asyncrl COMMAND --help` lists the command's options and the config groups.
 
 Output goes through `logging` (`asyncrl.telemetry.logs`): progress and run messages at INFO,
@@ -126,6 +128,24 @@ def evaluate(args: list[str]) -> int:
     return 0
 
 
+def convert_checkpoint(args: list[str]) -> int:
+    """`asyncrl convert-checkpoint DIR ...`: each checkpoint, or run directory, in the new format."""
+    parser = argparse.ArgumentParser(prog="asyncrl convert-checkpoint")
+    _convert_options(parser)
+    ns = parser.parse_args(args)
+    from asyncrl.pipelines.convert import convert_path
+
+    done = sum(convert_path(path, logger.info) for path in ns.dirs)
+    logger.info(f"converted {done} checkpoint(s)")
+    return 0
+
+
+def _convert_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR",
+                        help="a checkpoint (.../checkpoints/global_step_K) or a run directory; its pickles "
+                             "are loaded once: only for a directory whose writers you trust")
+
+
 def show_config(args: list[str]) -> int:
     """`asyncrl config [CONFIG.yaml] [key=value ...]`: the resolved config, every key with its
     one-line doc; `--from-verl [python3 -m MODULE] key=value ...`: what a verl command line becomes;
@@ -167,7 +187,11 @@ COMMANDS = {
     "sim": "run the config on a modelled cluster in virtual time",
     "config": "print the resolved config, every key with its one-line doc",
     "eval": "mean@k and pass@k of model.path on data.val_files (or the built-in task's test split)",
+    "convert-checkpoint": "rewrite old pickle-format checkpoints as JSON + safetensors (trusted input only)",
 }
+
+
+_USAGE = {"convert-checkpoint": "DIR [DIR ...]"}
 
 
 def config_groups() -> str:
@@ -188,10 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, summary in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=summary, epilog=config_groups(),
-                                  usage=f"asyncrl {name} [options] [CONFIG.yaml] [key=value ...]",
+                                  usage=f"asyncrl {name} [options] {_USAGE.get(name, '[CONFIG.yaml] [key=value ...]')}",
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         _global_options(sub, argparse.SUPPRESS)
-        {"sim": _sim_options, "eval": _eval_options, "config": _config_options}.get(name, _no_options)(sub)
+        {"sim": _sim_options, "eval": _eval_options, "config": _config_options,
+         "convert-checkpoint": _convert_options}.get(name, _no_options)(sub)
     return parser
 
 
@@ -236,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     setup_logging(level)
-    handlers = {"train": train, "sim": sim, "config": show_config, "eval": evaluate}
+    handlers = {"train": train, "sim": sim, "config": show_config, "eval": evaluate,
+                "convert-checkpoint": convert_checkpoint}
     try:
         return handlers[ns.command](args)
     except KeyboardInterrupt:

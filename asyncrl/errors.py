@@ -41,3 +41,12 @@ class WorkerDied(AsyncRLError, RuntimeError):
 
 class OutOfMemory(AsyncRLError, MemoryError):
     """A device ran out of memory; the message says where and names the keys that lower the need."""
+
+
+class CheckpointError(AsyncRLError, OSError):
+    """A checkpoint could not be written or read back (damaged, in the old pickle format, or with
+    weights that are zero or not finite); the message names the checkpoint or file and the cause."""
+
+
+class RunDirBusy(AsyncRLError, RuntimeError):
+    """Another run holds the run directory's lock; the message names its host and pid."""

@@ -388,17 +388,17 @@ def busy_rewards(spec: str) -> dict[str, float]:
 
 DISK_SIZES_MB = {"model_weights": 11, "optimizer_state": 14}
 """A tmpfs this small holds one checkpoint (9.7 MB) and fills during the second one's
-model.safetensors (11 MB) or actor_state.pt (14 MB)."""
+model.safetensors (11 MB) or actor_state.safetensors (14 MB)."""
 _DISK_RUN = ["pipeline=colocated", "trainer.total_training_steps=12", "trainer.save_freq=3"]
 _PATCHED = '''
 import errno, sys
 import asyncrl.pipelines.checkpoint as C
-real = C.atomic_write_bytes
-def full(path, data):
+real = C.atomic_write_text
+def full(path, text):
     if ".partial" in str(path) and "global_step_3" not in str(path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
-    real(path, data)
-C.atomic_write_bytes = full
+    real(path, text)
+C.atomic_write_text = full
 from asyncrl.cli import main
 sys.exit(main(sys.argv[1:]))
 '''
@@ -406,8 +406,10 @@ sys.exit(main(sys.argv[1:]))
 
 def inspect_run(out: Path) -> dict[str, Any]:
     """What a run left in its checkpoint directory, and whether the newest complete checkpoint loads."""
-    import torch
     from safetensors.torch import load_file
+
+    from asyncrl.pipelines.manifest import damage
+    from asyncrl.state_io import load_state
 
     root = out / "checkpoints"
     newest = latest_checkpoint(out)
@@ -417,8 +419,8 @@ def inspect_run(out: Path) -> dict[str, Any]:
     if newest is not None:
         load_checkpoint_state(newest)
         load_file(newest / "actor/model.safetensors")
-        torch.load(newest / "actor/actor_state.pt", weights_only=False)
-        found["newest_loads"] = True
+        load_state(newest / "actor/actor_state.json")
+        found["newest_loads"] = damage(newest) is None
     return found
 
 

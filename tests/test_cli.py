@@ -127,7 +127,7 @@ def test_an_unexpected_error_is_internal(monkeypatch: pytest.MonkeyPatch, capsys
                                       "(run with --debug for the traceback)")
 
 
-@pytest.mark.parametrize("command", ["train", "sim", "config", "eval"])
+@pytest.mark.parametrize("command", ["train", "sim", "config", "eval", "convert-checkpoint"])
 def test_every_command_has_help_listing_the_config_groups(capsys: pytest.CaptureFixture[str], command: str) -> None:
     assert cli.main([command, "--help"]) == 0
     out = capsys.readouterr().out
@@ -142,7 +142,7 @@ def test_every_command_has_help_listing_the_config_groups(capsys: pytest.Capture
 def test_top_level_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert all(f"    {c} " in out for c in ("train", "sim", "config", "eval"))
+    assert all(f"    {c} " in out for c in ("train", "sim", "config", "eval", "convert-checkpoint"))
 
 
 def test_log_level_warning_silences_progress_and_run_messages(capsys: pytest.CaptureFixture[str]) -> None:

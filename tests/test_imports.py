@@ -40,10 +40,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("asyncrl.preflight",),
     # Leaf components and services: rewards, data, model loading and a model's named weights,
     # the role protocols every worker implements, metrics/loggers/trace, torch's threads, a
-    # device's out-of-memory error as ours, atomic files. Above the pure core, so scheduling/ and
-    # algorithms/ cannot reach clocks, threads, files or workers.
+    # device's out-of-memory error as ours, atomic files, run state as JSON + safetensors. Above
+    # the pure core, so scheduling/ and algorithms/ cannot reach clocks, threads, files or workers.
     ("asyncrl.rewards", "asyncrl.data", "asyncrl.models", "asyncrl.roles", "asyncrl.telemetry",
-     "asyncrl.compute", "asyncrl.oom", "asyncrl.fsutil", "asyncrl.user_code", "asyncrl.tools", "asyncrl.agents"),
+     "asyncrl.compute", "asyncrl.oom", "asyncrl.fsutil", "asyncrl.state_io", "asyncrl.user_code", "asyncrl.tools",
+     "asyncrl.agents"),
     # The pure core: policies shared by pipelines and the simulator, then tensor functions.
     ("asyncrl.scheduling",),
     ("asyncrl.algorithms",),

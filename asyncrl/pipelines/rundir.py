@@ -9,6 +9,10 @@
 - A resumed run whose config differs from the `config.yaml` it was started with is refused,
   naming the keys, unless `trainer.allow_config_change=true`; keys that only say how long to run
   or how to log (`RESUMABLE_KEYS`) may change freely.
+- The checkpoint resumed from is verified against its manifest first; `auto` falls back past a
+  damaged one (`manifest.resume_point`), a checkpoint named outright is refused if damaged.
+- `claim_run` does all this under the run directory's lock (`runlock`), taken before the run
+  writes anything there.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from asyncrl.config import config_to_dict
 from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError
 from asyncrl.pipelines.checkpoint import COMPLETE, checkpoint_root, latest_checkpoint
+from asyncrl.pipelines.manifest import resume_point, verified
+from asyncrl.pipelines.runlock import RunLock, hold_run_dir
 
 RESUMABLE_KEYS = frozenset({
     "trainer.total_training_steps", "rollout.total_rollout_steps", "trainer.test_freq", "rollout.test_freq",
@@ -37,17 +43,35 @@ RUNS_ROOT = Path("outputs")
 """Where run directories are made when trainer.output_dir is empty."""
 
 
+def claim_run(cfg: Config, log: Callable[[str], None] = print) -> tuple[Config, Path | None, RunLock]:
+    """`prepare_run` with the run directory locked first (`RunDirBusy` if another run holds it);
+    the caller releases the lock when the run ends."""
+    t = cfg.trainer
+    out = Path(t.output_dir) if t.output_dir else None
+    if out is None and t.resume_mode not in ("auto", "disable"):
+        named = Path(t.resume_mode)
+        out = named.parent.parent if (named / COMPLETE).exists() else named
+    out = out or new_run_dir(t.experiment_name)
+    lock = hold_run_dir(out, log)
+    try:
+        cfg, resume = prepare_run(dataclasses.replace(cfg, trainer=dataclasses.replace(t, output_dir=str(out))), log)
+    except BaseException:
+        lock.release()
+        raise
+    return cfg, resume, lock
+
+
 def prepare_run(cfg: Config, log: Callable[[str], None] = print) -> tuple[Config, Path | None]:
     """The config with its run directory filled in, and the checkpoint to resume from (if any)."""
     t = cfg.trainer
     resume: Path | None = None
     out = Path(t.output_dir) if t.output_dir else None
     if t.resume_mode not in ("auto", "disable"):
-        resume = _checkpoint_at(Path(t.resume_mode))
+        resume = _checkpoint_at(Path(t.resume_mode), log)
         out = out or resume.parent.parent
     out = out or new_run_dir(t.experiment_name)
     if t.resume_mode == "auto":
-        resume = latest_checkpoint(out)
+        resume = resume_point(checkpoint_root(out), log)
     elif t.resume_mode == "disable" and (old := latest_checkpoint(out)) is not None:
         log(f"trainer.resume_mode=disable: starting over in {out}; it holds checkpoints up to {old.name} "
             "of an earlier run, replaced as this run saves")
@@ -66,10 +90,10 @@ def new_run_dir(experiment_name: str, root: Path = RUNS_ROOT) -> Path:
     return path
 
 
-def _checkpoint_at(path: Path) -> Path:
+def _checkpoint_at(path: Path, log: Callable[[str], None]) -> Path:
     if (path / COMPLETE).exists():
-        return path
-    latest = latest_checkpoint(path)
+        return verified(path)
+    latest = resume_point(checkpoint_root(path), log)
     if latest is None:
         where = checkpoint_root(path)
         raise ConfigError(f"trainer.resume_mode={path}: neither a complete checkpoint nor a run directory "

@@ -24,7 +24,8 @@ from asyncrl.data import PromptIterator
 from asyncrl.pipelines.context import RunContext, log_line
 from asyncrl.pipelines.ledger import SampleLedger
 from asyncrl.pipelines.router import RolloutRouter
-from asyncrl.pipelines.rundir import prepare_run
+from asyncrl.pipelines.rundir import claim_run
+from asyncrl.pipelines.runlock import RunLock
 from asyncrl.pipelines.stopping import StopControl
 from asyncrl.scheduling.micro_budget import ModelShape, TrainerDevice
 from asyncrl.scheduling.plan import plan_run
@@ -46,10 +47,18 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = log_line,
     if substrate is None:
         check_pipeline_keys(cfg)
         substrate = substrate_for(cfg)
-    cfg, resume_from = prepare_run(cfg, log)
+    cfg, resume_from, lock = claim_run(cfg, log)  # before anything is written in the run directory
+    try:
+        return _build(cfg, resume_from, lock, log, substrate)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _build(cfg: Config, resume_from: Path | None, lock: RunLock, log: Callable[[str], None],
+           substrate: Substrate) -> RunContext:
     seed_everything(cfg.seed)
     out = Path(cfg.trainer.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
     data = substrate.load_data(cfg, log)
     plan = plan_run(cfg, substrate.device, trainer_device(cfg, data.model_config))
@@ -64,8 +73,18 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = log_line,
                       val_rows=data.val_rows, prompts=prompts, rollout=router,
                       trainer=workers.trainer, synchronizer=sync,
                       trace=Trace(max_events=substrate.trace_max_events), ledger=SampleLedger(out / "samples.jsonl"),
-                      stop=StopControl(cfg.trainer.stop_timeout_s, log), close=workers.close, log=log,
+                      stop=StopControl(cfg.trainer.stop_timeout_s, log), close=_closer(workers.close, lock), log=log,
                       resume_from=resume_from)
+
+
+def _closer(close_workers: Callable[[], None], lock: RunLock) -> Callable[[], None]:
+    """The run's `close`: its workers, then the run directory's lock."""
+    def close() -> None:
+        try:
+            close_workers()
+        finally:
+            lock.release()
+    return close
 
 
 def trainer_device(cfg: Config, model_config: Any) -> TrainerDevice | None:

@@ -65,6 +65,7 @@ from asyncrl.algorithms.kl import kl_penalty
 from asyncrl.algorithms.policy_loss import _FORCED_AGG_MODE, compute_policy_loss
 from asyncrl.config.schema import ActorConfig
 from asyncrl.models.tensors import export_named
+from asyncrl.state_io import check_weights, load_state, read_tensors, save_state
 from asyncrl.training import fsdp, packing
 from asyncrl.training.batch import (
     Metrics,
@@ -91,6 +92,8 @@ _AVERAGED = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "ac
 
 # Denominators of 1 turn every agg mode into its numerator: the chunk's loss sum.
 _SUMS = {"global_token_count": 1.0, "global_seq_count": 1.0}
+ACTOR_STATE = "actor_state.json"
+"""The optimizer, schedule, version and RNG state (tensors beside it in actor_state.safetensors)."""
 
 
 @dataclass
@@ -352,8 +355,9 @@ class Actor:
 
     def save(self, path: Path) -> None:
         """HF format (LoRA: merged, plus the adapters in `lora_adapter/`) and the optimizer,
-        schedule, version and RNG state in actor_state.pt. Sharded: the same files, of the full
-        state, written by rank 0 (collective). The weights are the float32 masters on every path."""
+        schedule, version and RNG state in actor_state.json + .safetensors (`asyncrl.state_io`).
+        Sharded: the same files, of the full state, written by rank 0 (collective). The weights
+        are the float32 masters on every path."""
         path.mkdir(parents=True, exist_ok=True)
         model_sd, optim_sd = (fsdp.full_state_dicts(self.model, self.optimizer) if self.sharded
                               else (None, self.optimizer.state_dict()))
@@ -363,26 +367,26 @@ class Actor:
                     save_lora(self.model, path)
                 else:
                     self.model.save_pretrained(str(path), state_dict=model_sd)
-            torch.save({"optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
-                        "version": self.version, "rng": seed_state()}, path / "actor_state.pt")
+            save_state({"optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
+                        "version": self.version, "rng": seed_state()}, path / ACTOR_STATE)
         if self.sharded:
             dist.barrier()  # the files are complete before any rank reads them
 
     def load(self, path: Path) -> None:
         """A checkpoint of `save`, single-process or sharded, into this actor (sharded: every rank
-        reads the files; collective)."""
-        from safetensors.torch import load_file
-
-        extra = torch.load(path / "actor_state.pt", weights_only=False)
+        reads the files; collective). Reads JSON and safetensors only; weights that are not
+        finite, or a matrix of them all zero, are refused (`state_io.check_weights`)."""
+        extra = load_state(path / ACTOR_STATE)
+        weights = read_tensors(path / "model.safetensors")
+        check_weights(weights, path / "model.safetensors")
         if self.sharded:
-            fsdp.load_full_state_dicts(self.model, self.optimizer, load_file(str(path / "model.safetensors")),
-                                       extra["optimizer"])
+            fsdp.load_full_state_dicts(self.model, self.optimizer, weights, extra["optimizer"])
         else:
             with self.weights.at_masters(write=True):  # into the float32 masters, then their working copy
                 if is_lora(self.model):
                     load_lora(self.model, path)  # the merged model.safetensors would add the adapters twice
                 else:
-                    self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+                    self.model.load_state_dict(weights, strict=False)
             self.optimizer.load_state_dict(extra["optimizer"])
         self.scheduler.load_state_dict(extra["scheduler"])
         self.version = extra["version"]

@@ -24,6 +24,7 @@ from torch import nn
 
 from asyncrl.algorithms.value_loss import compute_value_loss
 from asyncrl.config.schema import CriticConfig
+from asyncrl.state_io import check_weights, load_state, save_state
 from asyncrl.training import packing
 from asyncrl.training.actor import model_device
 from asyncrl.training.batch import (
@@ -40,6 +41,9 @@ from asyncrl.training.precision import Precision, autocast, weights_for
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+CRITIC_STATE = "critic_state.json"
+"""The value model, optimizer and schedule (tensors beside it in critic_state.safetensors)."""
 
 
 class ValueModel(nn.Module):
@@ -117,11 +121,13 @@ class Critic:
     def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         with self.weights.at_masters():  # float32 whatever the precision path
-            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict()}, path / "critic.pt")
+            save_state({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict()}, path / CRITIC_STATE)
 
     def load(self, path: Path) -> None:
-        state = torch.load(path / "critic.pt", weights_only=False)
+        """What `save` wrote (JSON and safetensors only); weights that are not finite are refused."""
+        state = load_state(path / CRITIC_STATE)
+        check_weights(state["model"], path / CRITIC_STATE.replace(".json", ".safetensors"), zero_matrices=True)
         with self.weights.at_masters(write=True):
             self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

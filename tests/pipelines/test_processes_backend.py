@@ -63,7 +63,7 @@ def test_a_sharded_trainer_of_two_ranks_trains_in_a_pipeline(tiny_cache, tmp_pat
     steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "timing_s/step" in r]
     assert len(steps) == 3 and ctx.synchronizer.transfers >= 2
     assert all(math.isfinite(r["actor/pg_loss"]) for r in steps)
-    assert len(list(tmp_path.glob("**/actor_state.pt"))) == 1  # rank 0 wrote the full state, once
+    assert len(list(tmp_path.glob("**/actor_state.safetensors"))) == 1  # rank 0 wrote the full state, once
 
 
 def test_trainer_ranks_need_the_processes_backend():

@@ -5,11 +5,11 @@ trains exactly P0 queued prompts, and the queue survives a checkpoint."""
 from __future__ import annotations
 
 import asyncio
-import pickle
 
 import pytest
 
 from asyncrl.pipelines import pipeline_module
+from asyncrl.pipelines.checkpoint import load_checkpoint_state
 from tests.pipelines.helpers import make_context, read_jsonl
 
 P0, R0 = 4, 4
@@ -66,7 +66,7 @@ def test_rounds_lose_nothing_and_long_rounds_train_the_queued_prompts(tiny_cache
 
 def test_the_long_prompt_queue_is_in_the_checkpoint_and_resumed(tiny_cache, tmp_path):
     ctx, rows, _ = run(tmp_path, "trainer.total_training_steps=2")
-    state = pickle.loads((tmp_path / "checkpoints" / "global_step_2" / "pipeline.pkl").read_bytes())
+    state = load_checkpoint_state(tmp_path / "checkpoints" / "global_step_2")["pipeline"]
     queue = [r.uid for r in state["long_queue"]]
     assert len(queue) == rows[-1]["tail_batching/queue_length"] > 0
     ctx, rows, samples = run(tmp_path, "trainer.total_training_steps=6")

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from asyncrl.config.schema import ActorConfig, CriticConfig
+from asyncrl.state_io import load_state
 from asyncrl.training.actor import Actor, RefWorker
 from asyncrl.training.critic import Critic
 from asyncrl.training.lora import apply_lora
@@ -143,7 +144,7 @@ def test_the_critic_trains_bf16_over_float32_masters_and_checkpoints_them(tmp_pa
     batch.returns = batch.values + batch.response_mask
     critic.train_step(batch, num_mini_batches=1)
     critic.save(tmp_path)
-    saved = torch.load(tmp_path / "critic.pt")["model"]
+    saved = load_state(tmp_path / "critic_state.json")["model"]
     assert all(t.dtype == torch.float32 for t in saved.values())
     masters = critic.weights.masters
     assert torch.equal(saved["head.weight"], masters[-2]) and masters[-2].abs().sum() > 0
