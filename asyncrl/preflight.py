@@ -74,6 +74,20 @@ def preflight(cfg: Config, log: Log, runs_root: Path) -> None:
     check_rewards(cfg.reward, files)
     if cfg.reward.model_path:
         check_reward_model_path(cfg.reward.model_path)
+    check_local_counts(cfg, log)  # a warning: after every refusal
+
+
+def check_local_counts(cfg: Config, log: Log) -> None:
+    """backend=local runs one trainer and one rollout engine per rollout.num_engines in this
+    process: node and GPU counts above one are named, not silently dropped."""
+    if cfg.backend != "local":
+        return
+    counts = {f"{side}.{name}": getattr(getattr(cfg, side), name) for side in ("trainer", "rollout")
+              for name in ("nnodes", "n_gpus_per_node")}
+    unused = [f"{key}={value}" for key, value in counts.items() if value > 1]
+    if unused:
+        log(f"backend=local trains in this process on one device: {', '.join(unused)} not used "
+            f"(backend=ray places workers on them; backend=processes trainer.ranks=N for FSDP2 on one machine)")
 
 
 def check_device(device: str) -> None:

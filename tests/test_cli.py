@@ -64,7 +64,7 @@ def test_output_dir_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_missing_data_file(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["train", "data.train_files=[train.parquet]"]) == 2
+    assert cli.main(["train", "model.path=tiny", "data.train_files=[train.parquet]"]) == 2
     assert one_error_line(capsys) == "asyncrl: error: data.train_files: train.parquet not found"
 
 

@@ -88,8 +88,11 @@ def seed_everything(seed: int) -> None:
 
 
 def open_tracker(ctx: RunContext, initial_step: int) -> Tracker:
+    """The run's sinks: `trainer.logger`'s, and metrics.jsonl whatever it lists (the run's record,
+    which `sim --fit`, `asyncrl report` and resume read; not a logger to choose)."""
     t = ctx.cfg.trainer
-    return make_tracker(t.logger, ctx.output_dir, total_steps=ctx.plan.updates,
+    names = t.logger if "jsonl" in t.logger else (*t.logger, "jsonl")
+    return make_tracker(names, ctx.output_dir, total_steps=ctx.plan.updates,
                         initial_step=initial_step, project=t.project_name,
                         experiment=t.experiment_name, config=config_to_dict(ctx.cfg), log=ctx.log,
                         trace=ctx.trace, generations=generations_paths(ctx))
