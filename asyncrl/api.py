@@ -90,8 +90,9 @@ class Trainer:
     def train(self) -> Path:
         """Train as `asyncrl train` would with this config; returns the run's output directory.
         Ends with the CLI's line, "done: N steps in T s; outputs in DIR"."""
+        from asyncrl.config.keys import settings_line
         from asyncrl.pipelines import run_pipeline
-        from asyncrl.pipelines.rundir import RUNS_ROOT
+        from asyncrl.pipelines.rundir import RUNS_ROOT, with_run_dir
         from asyncrl.pipelines.setup import build_context
         from asyncrl.preflight import preflight
         from asyncrl.telemetry.logs import setup_logging
@@ -101,8 +102,10 @@ class Trainer:
         for note in self.notes:
             log.warning(note)
         preflight(self.cfg, log.warning, RUNS_ROOT)
+        cfg = with_run_dir(self.cfg)
+        log.info(settings_line(cfg))
         start = time.perf_counter()
-        ctx = build_context(self.cfg)
+        ctx = build_context(cfg, started=True)
         step = run_pipeline(ctx)
         log.info(f"done: {step} steps in {time.perf_counter() - start:.1f} s; outputs in {ctx.output_dir}")
         return Path(ctx.output_dir)

@@ -22,7 +22,7 @@ from asyncrl.config.keys import leaf_keys, section_keys, unknown_key_message
 from asyncrl.config.schema import Config
 from asyncrl.config.validate import validate
 from asyncrl.config.verl import Translation, is_verl_key, renamed_keys, translate, warn_not_modelled
-from asyncrl.errors import ConfigError
+from asyncrl.errors import ConfigError, ConfigErrors
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (),
@@ -38,7 +38,7 @@ def load_train_config(path: str | Path | None = None, overrides: typing.Sequence
     names must name its model, as verl requires, rather than train the built-in toy on its data."""
     translation = resolve(path, overrides, warn=False)
     if translation.changes_training:  # all of them at once: a recipe is fixed in one go
-        raise ConfigError("\n".join(translation.changes_training.values()))
+        raise ConfigErrors(list(translation.changes_training.values()))
     if translation.uses_verl_names and "model.path" not in translation.values:
         raise ConfigError("a verl command line without actor_rollout_ref.model.path would train asyncrl's "
                           "built-in toy model: set the model's path (model.path=tiny means the toy)")

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from asyncrl.config.trl_fields import DEFAULTS, MAPPED, REFUSED
-from asyncrl.errors import ConfigError
+from asyncrl.errors import ConfigError, ConfigErrors
 
 SIMPLE = {
     "output_dir": "trainer.output_dir", "learning_rate": "actor.lr", "weight_decay": "actor.weight_decay",
@@ -113,7 +113,7 @@ def grpo_settings(given: Mapping[str, Any], world: int) -> tuple[dict[str, Any],
         notes.append("GRPOConfig(push_to_hub=True): asyncrl uploads nothing; the checkpoints are HF folders under "
                      "the run directory's checkpoints/ (huggingface-cli upload)")
     if refusals:
-        raise ConfigError("\n".join(refusals))
+        raise ConfigErrors(refusals)
     return settings, notes
 
 

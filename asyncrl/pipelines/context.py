@@ -67,3 +67,5 @@ class RunContext:
     """The checkpoint this run starts from (`trainer.resume_mode`): never rewritten."""
     pipeline_state: Callable[[], dict[str, Any]] | None = None
     """The pipeline's own part of a checkpoint, taken at one instant (see `checkpoint.snapshot`)."""
+    tool_calls: float = 0.0
+    """Multi-turn: the tool calls per episode summed over the steps logged (`common.check_tool_calls`)."""

@@ -38,9 +38,10 @@ if TYPE_CHECKING:
 
 
 def build_context(cfg: Config, *, log: Callable[[str], None] = log_line,
-                  substrate: Substrate | None = None) -> RunContext:
+                  substrate: Substrate | None = None, started: bool = False) -> RunContext:
     """A run on `substrate` (default: the real one `backend=` names, after checking that every
-    key set is read by the chosen pipeline)."""
+    key set is read by the chosen pipeline). `started`: the settings line is out already
+    (`asyncrl train` prints it before the heavy imports)."""
     from asyncrl.substrates.registry import substrate_for
 
     if substrate is None:
@@ -53,7 +54,8 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = log_line,
     dump_config(cfg, out / "config.yaml")
     data = substrate.load_data(cfg, log)
     plan = plan_run(cfg, substrate.device, trainer_device(cfg, data.model_config))
-    log(settings_line(cfg))
+    if not started:
+        log(settings_line(cfg))
     log(plan.line())
     (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
     workers = substrate.build_workers(cfg, plan, log)
