@@ -118,6 +118,20 @@ def test_a_trl_quickstart_script_runs_with_its_imports_changed(tiny_cache: Path,
     assert "done: 2 steps in " in err and f"outputs in {out}" in err
 
 
+def test_a_grpo_config_left_at_its_defaults_trains_like_asyncrl_train() -> None:
+    from peft import LoraConfig
+
+    from asyncrl import GRPOConfig, GRPOTrainer
+
+    rows = [{"prompt": "1+1="}]
+    plain = GRPOTrainer("tiny", exact, args=GRPOConfig(), train_dataset=rows).cfg
+    assert plain == Trainer(reward_funcs=exact, train_dataset=rows).cfg
+    lora = GRPOTrainer("tiny", exact, train_dataset=rows, peft_config=LoraConfig(r=4, lora_alpha=8,
+                                                                                 target_modules=["q_proj", "v_proj"]))
+    assert (lora.cfg.model.lora_rank, lora.cfg.model.lora_alpha, lora.cfg.model.target_modules) == (
+        4, 8, ("q_proj", "v_proj"))
+
+
 def test_a_model_directory_among_reward_funcs_is_the_learned_reward_model(tmp_path: Path) -> None:
     rows = [{"prompt": "x"}]
     both = Trainer(reward_funcs=[exact, str(tmp_path)], reward_weights=[1.0, 0.5], train_dataset=rows).cfg.reward

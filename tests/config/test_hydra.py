@@ -15,8 +15,9 @@ MODEL = "actor_rollout_ref.model.path=/models/qwen"
 
 def test_the_last_occurrence_wins_for_refusals_too() -> None:
     cfg = load_train_config(None, [MODEL, f"{A}ulysses_sequence_parallel_size=4",
+                                   "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
                                    f"{A}ulysses_sequence_parallel_size=1", "rollout.n=4", "rollout.n=6"])
-    assert cfg.rollout.n == 6
+    assert (cfg.rollout.n, cfg.rollout.tensor_model_parallel_size) == (6, 4)  # docs/migrating.md's recipe
     with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size=4 changes what is trained"):
         load_train_config(None, [MODEL, f"{A}ulysses_sequence_parallel_size=1", f"{A}ulysses_sequence_parallel_size=4"])
 

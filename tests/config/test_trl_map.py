@@ -48,6 +48,7 @@ def test_the_algorithm_names_map_with_trls_meaning() -> None:
 def test_report_to_adds_integrations_and_keeps_console_and_jsonl() -> None:
     assert grpo_settings({"report_to": ["tensorboard"]}, 1)[0]["trainer.logger"] == ["console", "jsonl", "tensorboard"]
     assert grpo_settings({"report_to": "none"}, 1)[0]["trainer.logger"] == ["console", "jsonl"]
+    assert grpo_settings({"report_to": "all"}, 1)[0]["trainer.logger"] == ["console", "jsonl", "tensorboard"]
     with pytest.raises(ConfigError, match=r"report_to='comet_ml'.*not comet_ml"):
         grpo_settings({"report_to": "comet_ml"}, 1)
 
@@ -58,6 +59,8 @@ def test_defaults_are_accepted_bookkeeping_kept_and_refusals_reported_together()
     settings, notes = grpo_settings(kept, world=1)
     assert settings == {"trainer.experiment_name": "x", "trainer.save_freq": 0} and "uploads nothing" in notes[0]
     assert "logging_steps" in KEPT
+    settings, notes = grpo_settings({"use_vllm": True, "vllm_mode": "server"}, world=1)
+    assert settings == {} and len(notes) == 1 and "its own engine" in notes[0]
     with pytest.raises(ConfigError) as err:
         grpo_settings({"fp16": True, "loss_type": "sapo", "sync_ref_model": True, "adam_beta1": 0.8}, world=1)
     lines = str(err.value).splitlines()
