@@ -123,7 +123,7 @@ def evaluate(args: list[str]) -> int:
     cfg = load_config(path, overrides)
     from asyncrl.eval import check_eval, generations_path, run_eval, table, write_report
 
-    check_eval(cfg)
+    check_eval(cfg, ns.out)
     report = run_eval(cfg, generations_path(cfg, ns.out))
     print(table(report))
     write_report(report, ns.out)
