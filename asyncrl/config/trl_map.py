@@ -47,10 +47,10 @@ SIMPLE = {
 }
 """Fields that mean exactly one asyncrl key (None: left to asyncrl)."""
 
-LOSS_TYPES = {"dapo": ("token-mean", "vanilla"), "bnpo": ("token-mean", "vanilla"),
-              "grpo": ("seq-mean-token-mean", "vanilla"), "dr_grpo": ("seq-mean-token-sum-norm", "vanilla"),
-              "luspo": ("seq-mean-token-sum", "gspo"), "cispo": ("token-mean", "cispo")}
-"""TRL's loss_type -> (actor.loss_agg_mode, actor.policy_loss); sapo and vespo have no equivalent."""
+LOSS_TYPES = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean",
+              "dr_grpo": "seq-mean-token-sum-norm", "luspo": "seq-mean-token-sum", "cispo": "token-mean"}
+"""TRL's loss_type -> actor.loss_agg_mode (TRL's `_compute_loss` aggregation); cispo is also
+actor.policy_loss=cispo; sapo and vespo have no equivalent."""
 SCHEDULES = {"constant": "constant", "constant_with_warmup": "constant", "cosine": "cosine"}
 INTEGRATIONS = ("tensorboard", "wandb", "mlflow", "swanlab")
 BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
@@ -200,7 +200,11 @@ def _algorithm(name: str, value: Any, given: Mapping[str, Any], settings: dict[s
     elif name == "loss_type":
         if value not in LOSS_TYPES:
             return "no asyncrl equivalent (dapo, bnpo, grpo, dr_grpo, luspo and cispo map)"
-        settings["actor.loss_agg_mode"], settings["actor.policy_loss"] = LOSS_TYPES[value]
+        settings["actor.loss_agg_mode"] = LOSS_TYPES[value]
+        if value == "cispo":
+            if _get(given, "importance_sampling_level") == "sequence":
+                return "asyncrl's cispo weighs tokens; importance_sampling_level='sequence' is gspo's"
+            settings["actor.policy_loss"] = "cispo"
     elif name == "scale_rewards":
         if value not in ("group", "none", True, False):
             return "asyncrl scales advantages per group or not at all (algorithm.norm_adv_by_std_in_grpo)"

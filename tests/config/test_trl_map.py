@@ -43,6 +43,11 @@ def test_the_algorithm_names_map_with_trls_meaning() -> None:
     assert (settings["actor.warmup_steps"], settings["actor.warmup_ratio"]) == (-1, 0.1)
     assert (settings["actor.kl_loss_coef"], settings["actor.kl_loss_type"]) == (0.04, "k3")
     assert (settings["model.lora_rank"], settings["model.lora_alpha"]) == (16, 32)  # TRL's LoRA defaults
+    for order in (["importance_sampling_level", "loss_type"], ["loss_type", "importance_sampling_level"]):
+        both = {"importance_sampling_level": "sequence", "loss_type": "luspo"}
+        settings, _ = grpo_settings({k: both[k] for k in order}, world=1)  # the order given does not matter
+        assert (settings["actor.policy_loss"], settings["actor.loss_agg_mode"]) == ("gspo", "seq-mean-token-sum")
+    assert grpo_settings({"loss_type": "cispo"}, world=1)[0]["actor.policy_loss"] == "cispo"
 
 
 def test_report_to_adds_integrations_and_keeps_console_and_jsonl() -> None:
