@@ -29,3 +29,15 @@ try:
 except metadata.PackageNotFoundError:  # no torch at all: the first `import torch` says so
     pass
 
+
+
+_API = {"Trainer": "asyncrl.api", "GRPOTrainer": "asyncrl.api", "GRPOConfig": "asyncrl.config.trl_map"}
+"""TRL's names (and the keyword `Trainer`), imported when first used so `import asyncrl` stays light."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'asyncrl' has no attribute {name!r}")

@@ -22,7 +22,9 @@ import argparse
 import dataclasses
 import errno
 import logging
+import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -33,7 +35,7 @@ from asyncrl.config import load_config
 from asyncrl.config.keys import described_docs
 from asyncrl.config.load import load_train_config
 from asyncrl.config.schema import Config
-from asyncrl.errors import AsyncRLError
+from asyncrl.errors import AsyncRLError, ConfigErrors
 from asyncrl.preflight import preflight
 from asyncrl.telemetry.logs import LEVELS, setup_logging
 
@@ -51,15 +53,18 @@ def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
 def train(args: list[str]) -> int:
     path, overrides = _split_args(args)
     cfg = load_train_config(path, overrides)
-    from asyncrl.pipelines.rundir import RUNS_ROOT
+    from asyncrl.config.keys import settings_line
+    from asyncrl.pipelines.rundir import RUNS_ROOT, with_run_dir
 
     preflight(cfg, logger.warning, RUNS_ROOT)  # before the imports below load torch
+    cfg = with_run_dir(cfg)
+    logger.info(settings_line(cfg))  # the first line, ~1 s in: the imports and the model build follow
     from asyncrl.pipelines import run_pipeline
     from asyncrl.pipelines.setup import build_context
     from asyncrl.pipelines.stopping import Stopped
 
     start = time.perf_counter()
-    ctx = build_context(cfg)
+    ctx = build_context(cfg, started=True)
     try:
         step = run_pipeline(ctx)
     except Stopped as exc:
@@ -120,7 +125,7 @@ def evaluate(args: list[str]) -> int:
     cfg = load_config(path, overrides)
     from asyncrl.eval import check_eval, generations_path, run_eval, table, write_report
 
-    check_eval(cfg)
+    check_eval(cfg, ns.out)
     report = run_eval(cfg, generations_path(cfg, ns.out))
     print(table(report))
     write_report(report, ns.out)
@@ -267,9 +272,22 @@ def main(argv: list[str] | None = None) -> int:
         return handlers[ns.command](args)
     except KeyboardInterrupt:
         logger.error("asyncrl: interrupted")
+        exit_if_threads_busy(130)
         return 130
     except Exception as exc:
         return report_error(exc, debug)
+
+
+def exit_if_threads_busy(code: int) -> None:
+    """After a Ctrl-C: end the process now if other (non-daemon) threads still work, a model build in
+    a worker thread say, which the interpreter would otherwise wait for at exit (and a second
+    Ctrl-C would crash in). Builds write beside their cache entry and rename, so none is left half."""
+    busy = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive() and not t.daemon]
+    if busy:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def report_error(exc: BaseException, debug: bool = False) -> int:
@@ -279,6 +297,10 @@ def report_error(exc: BaseException, debug: bool = False) -> int:
         traceback.print_exception(type(exc), exc, exc.__traceback__)
     hint = "" if debug else _TRACEBACK_HINT
     exc = _remote_cause(exc)
+    if isinstance(exc, ConfigErrors):
+        for line in exc.lines:
+            logger.error(f"asyncrl: error: {line}")
+        return 2
     if isinstance(exc, AsyncRLError):
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         more = " (run with --debug for the full message)" if len(lines) > 1 and not debug else ""

@@ -15,6 +15,15 @@ class ConfigError(AsyncRLError, ValueError):
     """A configuration value is missing, mistyped or inconsistent; the message names the key."""
 
 
+class ConfigErrors(ConfigError):
+    """Several refusals of one command line (or one GRPOConfig), one per line, each naming its key:
+    reported together, so that a recipe is fixed in one go."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
 class DataError(AsyncRLError, ValueError):
     """A dataset row is malformed; the message names the file, the row and the field."""
 

@@ -22,12 +22,14 @@ import asyncio
 import dataclasses
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config.schema import Config
+from asyncrl.errors import ConfigError
 from asyncrl.fsutil import atomic_write_text
 from asyncrl.telemetry.generations import GENERATIONS_FILE, pick, records, write_generations
 from asyncrl.telemetry.val_metrics import validation_metrics
@@ -50,13 +52,35 @@ class EvalReport:
     """The file holding the responses as text ('' when trainer.log_val_generations=0)."""
 
 
-def check_eval(cfg: Config) -> None:
-    """Before loading anything: model.path and data.val_files exist and every data source has a reward."""
+def check_eval(cfg: Config, out: Path | None = None) -> None:
+    """Before loading anything: model.path and data.val_files exist, every data source has a
+    reward, and the report `out` (and the generations beside it) can be written."""
     from asyncrl.models.loading import check_model_path
     from asyncrl.preflight import check_data_files, check_rewards
 
     check_model_path(cfg.model.path)
     check_rewards(cfg.reward, check_data_files(dataclasses.replace(cfg.data, train_files=())))
+    if out is not None:
+        check_writable(out, "--out")
+        generations = generations_path(cfg, out)
+        if generations is not None and generations.parent != out.parent:
+            check_writable(generations, "trainer.validation_data_dir")
+
+
+def check_writable(path: Path, option: str) -> None:
+    """`path` can be written: the nearest directory of it that exists takes a new file (so a
+    read-only one fails now, not after the generation work)."""
+    existing = path.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{option} {path}: {existing} is a file, not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot write in {existing} ({exc.strerror or exc}); "
+                          f"give a writable path") from None
 
 
 def run_eval(cfg: Config, generations: Path | None = None) -> EvalReport:

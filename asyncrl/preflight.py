@@ -24,6 +24,7 @@ with the same messages.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from asyncrl.config.schema import Config, DataConfig, RewardConfig
+from asyncrl.config.validate import check_pipeline_keys
 from asyncrl.data.dataset import SUPPORTED_SUFFIXES, check_prompt_lengths, load_rows
 from asyncrl.data.tokenization import template_kwargs
 from asyncrl.errors import ConfigError
@@ -66,6 +68,8 @@ def preflight(cfg: Config, log: Log, runs_root: Path) -> None:
     if problem := missing_logger_package(cfg.trainer.logger):
         raise ConfigError(problem)
     check_output_dir(cfg.trainer.output_dir, runs_root, log)
+    check_backend(cfg.backend)
+    check_pipeline_keys(cfg)
     check_device(cfg.trainer.device)
     check_model_path(cfg.model.path)
     check_positions(cfg)
@@ -74,13 +78,37 @@ def preflight(cfg: Config, log: Log, runs_root: Path) -> None:
     check_rewards(cfg.reward, files)
     if cfg.reward.model_path:
         check_reward_model_path(cfg.reward.model_path)
+    check_local_counts(cfg, log)  # a warning: after every refusal
+
+
+def check_backend(backend: str) -> None:
+    """backend=ray needs Ray installed (checked without importing it)."""
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("backend=ray needs Ray, which is not installed: pip install 'asyncrl[ray]' "
+                          "(or set backend=local)")
+
+
+def check_local_counts(cfg: Config, log: Log) -> None:
+    """backend=local runs one trainer and one rollout engine per rollout.num_engines in this
+    process: node and GPU counts above one are named, not silently dropped."""
+    if cfg.backend != "local":
+        return
+    counts = {f"{side}.{name}": getattr(getattr(cfg, side), name) for side in ("trainer", "rollout")
+              for name in ("nnodes", "n_gpus_per_node")}
+    unused = [f"{key}={value}" for key, value in counts.items() if value > 1]
+    if unused:
+        log(f"backend=local trains in this process on one device: {', '.join(unused)} not used "
+            f"(backend=ray places workers on them; backend=processes trainer.ranks=N for FSDP2 on one machine)")
 
 
 def check_device(device: str) -> None:
-    """`trainer.device=cuda` needs a CUDA build of torch that sees a GPU."""
+    """`trainer.device=cuda` needs a CUDA build of torch that sees a GPU (torch is imported only then:
+    the run's first line comes before that import otherwise)."""
+    if device != "cuda":
+        return
     import torch
 
-    if device == "cuda" and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a build without CUDA")
         raise ConfigError(f"trainer.device=cuda but torch sees no CUDA device ({build}): "
                           "set trainer.device=cpu, or run where a GPU and a CUDA build of torch are")

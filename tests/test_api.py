@@ -39,7 +39,7 @@ def test_grpo_config_names_and_dotted_keys_make_the_config() -> None:
     assert (cfg.actor.lr, cfg.rollout.n, cfg.data.max_response_length, cfg.actor.ppo_epochs) == (1e-5, 4, 12, 2)
     assert (cfg.actor.use_kl_loss, cfg.actor.kl_loss_coef, cfg.actor.kl_loss_type) == (True, 0.04, "k3")
     assert cfg.reward.functions == ("tests.test_api:exact",)  # importable: named, runs in any process
-    with pytest.raises(ConfigError, match=r"Trainer\(num_generation=...\): .* did you mean num_generations\?"):
+    with pytest.raises(ConfigError, match=r"GRPOConfig\(num_generation=...\): .* did you mean num_generations\?"):
         Trainer(train_dataset=[{"prompt": "x"}], num_generation=4)
 
 
@@ -73,7 +73,7 @@ def test_rows_keep_their_format_and_columns() -> None:
     assert loaded[1].messages == ({"role": "user", "content": "2+3?"},) and loaded[1].text == ""
     assert trl_arguments(loaded, ["7", "5"])["answer"] == ["7", "5"]
     assert Trainer(reward_funcs=exact, train_dataset=rows).cfg.data.train_files == trainer.cfg.data.train_files
-    with pytest.raises(DataError, match="row 0 has no 'prompt' column"):
+    with pytest.raises(DataError, match="train_dataset: row 0 has no 'prompt' column"):
         Trainer(train_dataset=[{"question": "x"}])
     with pytest.raises(DataError, match=r"column 'blob': bytes is not JSON-serialisable"):
         Trainer(train_dataset=[{"prompt": "x", "blob": b"\x00"}])
@@ -98,6 +98,60 @@ def test_the_same_model_gets_the_same_defaults_however_its_path_is_spelled() -> 
     tiny = Trainer(model="tiny", train_dataset=rows).cfg
     assert unpathed(tiny) == unpathed(load_train_config(None, ["actor_rollout_ref.model.path=tiny", files]))
     assert tiny.actor.lr != api.actor.lr  # the toy's own defaults
+
+
+def test_a_trl_quickstart_script_runs_with_its_imports_changed(tiny_cache: Path, tmp_path: Path,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """`from trl import ...` became `from asyncrl import ...`; nothing else changed. The reward function
+    reads TRL's completion_ids and trainer_state; report_to="none" keeps console and metrics.jsonl."""
+    from asyncrl import GRPOConfig, GRPOTrainer
+
+    seen: list[tuple[list[list[int]], int]] = []
+
+    def reward_len(completions: list[str], completion_ids: list[list[int]], trainer_state: Any,
+                   **kwargs: Any) -> list[float]:
+        seen.append((completion_ids, trainer_state.global_step))
+        return [-abs(6 - len(ids)) for ids in completion_ids]
+
+    dataset = [{"prompt": f"{i}+{i}="} for i in range(8)]
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                      num_generations=4, max_completion_length=8, max_steps=2, logging_steps=1, report_to="none",
+                      run_name="quickstart", push_to_hub=False)
+    trainer = GRPOTrainer(model="tiny", reward_funcs=reward_len, args=args, train_dataset=dataset)
+    assert (trainer.cfg.data.train_batch_size, trainer.cfg.actor.ppo_mini_batch_size) == (2, 2)
+    out = trainer.train()
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "critic/score/mean" in m] == [1, 2]
+    assert len(seen) == 2 and len(seen[0][0]) == 8 and all(1 <= len(ids) <= 8 for ids in seen[0][0])
+    assert [s[1] for s in seen] == [0, 1] and not (out / "tensorboard").exists()
+    err = capfd.readouterr().err
+    assert "step 2/2: critic/score/mean" in err  # the console stays
+    assert "done: 2 steps in " in err and f"outputs in {out}" in err
+
+
+def test_a_grpo_config_left_at_its_defaults_trains_like_asyncrl_train() -> None:
+    from peft import LoraConfig
+
+    from asyncrl import GRPOConfig, GRPOTrainer
+
+    rows = [{"prompt": "1+1="}]
+    plain = GRPOTrainer("tiny", exact, args=GRPOConfig(), train_dataset=rows).cfg
+    assert plain == Trainer(reward_funcs=exact, train_dataset=rows).cfg
+    lora = GRPOTrainer("tiny", exact, train_dataset=rows, peft_config=LoraConfig(r=4, lora_alpha=8,
+                                                                                 target_modules=["q_proj", "v_proj"]))
+    assert (lora.cfg.model.lora_rank, lora.cfg.model.lora_alpha, lora.cfg.model.target_modules) == (
+        4, 8, ("q_proj", "v_proj"))
+
+
+def test_a_model_directory_among_reward_funcs_is_the_learned_reward_model(tmp_path: Path) -> None:
+    rows = [{"prompt": "x"}]
+    both = Trainer(reward_funcs=[exact, str(tmp_path)], reward_weights=[1.0, 0.5], train_dataset=rows).cfg.reward
+    assert (both.functions, both.model_path, both.model_weight, both.rule_weight) == (
+        ("tests.test_api:exact",), str(tmp_path), 0.5, 1.0)
+    alone = Trainer(reward_funcs="org/reward-model", train_dataset=rows).cfg.reward
+    assert (alone.functions, alone.model_path, alone.rule_weight) == ((), "org/reward-model", 0.0)  # TRL: the model
+    with pytest.raises(ConfigError, match="reward_weights: 1 weights for 2 reward_funcs"):
+        Trainer(reward_funcs=[exact, str(tmp_path)], reward_weights=[1.0], train_dataset=rows)
 
 
 @pytest.mark.slow

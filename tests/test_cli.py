@@ -4,6 +4,7 @@ fails in the config or in preflight."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 from pathlib import Path
@@ -64,7 +65,7 @@ def test_output_dir_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_missing_data_file(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["train", "data.train_files=[train.parquet]"]) == 2
+    assert cli.main(["train", "model.path=tiny", "data.train_files=[train.parquet]"]) == 2
     assert one_error_line(capsys) == "asyncrl: error: data.train_files: train.parquet not found"
 
 
@@ -197,3 +198,32 @@ def test_a_verl_recipe_sized_in_gpus_names_trainer_device_on_a_machine_without_c
 def test_a_verl_command_line_without_its_model_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["train", "actor_rollout_ref.rollout.n=4"]) == 2
     assert "without actor_rollout_ref.model.path" in one_error_line(capsys)
+
+
+def test_ctrl_c_while_a_worker_thread_builds_ends_the_process_at_once(tmp_path: Path) -> None:
+    """The first Ctrl-C stops: a build still running in a non-daemon thread is not waited for."""
+    import subprocess
+    import sys
+    import time
+
+    script = ("import threading, time\nfrom asyncrl import cli\n"
+              "def train(args):\n    threading.Thread(target=time.sleep, args=(60,)).start()\n"
+              "    raise KeyboardInterrupt\n"
+              "cli.train = train\nraise SystemExit(cli.main(['train']))\n")
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50,
+                          cwd=Path(__file__).parents[1])
+    assert (done.returncode, done.stderr.strip()) == (130, "asyncrl: interrupted")
+    assert time.perf_counter() - start < 30  # not the 60 s of the thread
+
+
+def test_the_start_line_names_the_run_directory() -> None:
+    from asyncrl.config import load_config
+    from asyncrl.config.keys import settings_line
+    from asyncrl.pipelines.rundir import with_run_dir
+
+    cfg = with_run_dir(load_config(None, ["trainer.experiment_name=exp"]))
+    assert cfg.trainer.output_dir.startswith("outputs/exp-") and not Path(cfg.trainer.output_dir).exists()
+    assert settings_line(cfg).endswith(f"; run directory {cfg.trainer.output_dir}")
+    resumed = dataclasses.replace(cfg.trainer, output_dir="", resume_mode="ckpt/global_step_2")
+    assert with_run_dir(dataclasses.replace(cfg, trainer=resumed)).trainer.output_dir == ""  # the checkpoint's run

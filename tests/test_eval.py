@@ -91,3 +91,11 @@ def test_asyncrl_eval_on_the_built_in_test_split(tiny_cache: Path, tmp_path: Pat
 def test_eval_of_a_missing_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert cli.main(["eval", f"data.val_files=[{tmp_path}/nope.jsonl]"]) == 2
     assert capsys.readouterr().err.strip() == f"asyncrl: error: data.val_files: {tmp_path}/nope.jsonl not found"
+
+
+def test_eval_into_a_path_it_cannot_write_fails_before_generating(capsys: pytest.CaptureFixture[str],
+                                                                  tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    assert cli.main(["eval", "--out", str(tmp_path / "afile" / "eval.json")]) == 2
+    assert capsys.readouterr().err.strip() == (f"asyncrl: error: --out {tmp_path}/afile/eval.json: {tmp_path}/afile "
+                                               f"is a file, not a directory")

@@ -49,3 +49,13 @@ def test_backend_ray_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(ConfigError, match=r"^backend=ray needs Ray, which is not installed: pip install 'asyncrl.ray"):
         substrate_for(load_config(None, ["backend=ray"]))
+
+
+def test_the_build_declares_its_license_as_spdx_with_a_setuptools_that_reads_it() -> None:
+    """A `license = {text = ...}` table is deprecated since setuptools 77 (the pip build warned)."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert project["build-system"]["requires"] == ["setuptools>=77"]
+    assert not any("License ::" in c for c in project["project"].get("classifiers", []))

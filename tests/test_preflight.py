@@ -232,3 +232,26 @@ def test_a_prompt_and_response_past_the_models_positions_names_the_keys(tmp_path
                                           r"positions of model.path=.*: lower them, or raise model.max_position_emb"):
         run(too_long)
     run([*too_long, "actor_rollout_ref.model.override_config.max_position_embeddings=256"])  # verl's override
+
+
+def test_node_and_gpu_counts_under_backend_local_are_named() -> None:
+    lines: list[str] = []
+    P.check_local_counts(load_config(None, ["trainer.n_gpus_per_node=8", "rollout.nnodes=2", "trainer.device=cpu"]),
+                         lines.append)
+    assert lines == ["backend=local trains in this process on one device: trainer.n_gpus_per_node=8, rollout.nnodes=2 "
+                     "not used (backend=ray places workers on them; backend=processes trainer.ranks=N for FSDP2 on "
+                     "one machine)"]
+    P.check_local_counts(load_config(None, ["trainer.n_gpus_per_node=1"]), lines.append)
+    assert len(lines) == 1  # one GPU is what local uses
+
+
+def test_a_logger_list_without_jsonl_still_writes_metrics_jsonl(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncrl.pipelines import setup
+
+    seen: list[tuple[str, ...]] = []
+    monkeypatch.setattr(setup, "make_tracker", lambda names, *a, **k: seen.append(tuple(names)))
+    monkeypatch.setattr(setup, "generations_paths", lambda ctx: {})
+    cfg = load_config(None, ["trainer.logger=[console,tensorboard]"])
+    ctx = namedtuple("Ctx", "cfg output_dir plan log trace")(cfg, Path("."), namedtuple("P", "updates")(1), print, None)
+    setup.open_tracker(ctx, 0)  # type: ignore[arg-type]
+    assert seen == [("console", "tensorboard", "jsonl")]

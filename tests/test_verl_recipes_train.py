@@ -37,8 +37,10 @@ def test_a_recipe_trains_at_tiny_sizes_or_names_the_key_it_cannot_honour(
     assert "internal error" not in err and "Traceback" not in err, err
     if recipe in SEQUENCE_PARALLEL:  # ulysses_sequence_parallel_size=4: asyncrl has none
         assert code == 2
-        assert err.strip().splitlines()[-1].startswith(
-            "asyncrl: error: actor_rollout_ref.actor.ulysses_sequence_parallel_size=4 changes what is trained")
+        lines = err.strip().splitlines()  # every refusal of the command line, together, one line each
+        assert all(line.startswith("asyncrl: error: ") for line in lines), err
+        assert any(line.startswith("asyncrl: error: actor_rollout_ref.actor.ulysses_sequence_parallel_size=4 "
+                                   "changes what is trained") for line in lines), err
         return
     assert code == 0, err
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -181,4 +181,5 @@ def settings_line(cfg: Any) -> str:
     return (f"settings: model {cfg.model.path} on {cfg.trainer.device}, lr {a.lr:g}, {warm_up}, weight decay "
             f"{a.weight_decay:g}, prompts up to {d.max_prompt_length} and responses up to {d.max_response_length} "
             f"tokens, validation {validation} x{r.val_n}, gradient checkpointing "
-            f"{'on' if cfg.model.enable_gradient_checkpointing else 'off'}")
+            f"{'on' if cfg.model.enable_gradient_checkpointing else 'off'}"
+            + (f"; run directory {cfg.trainer.output_dir}" if cfg.trainer.output_dir else ""))

@@ -17,11 +17,12 @@ from typing import Any, Literal
 
 import yaml
 
-from asyncrl.config.keys import leaf_keys, unknown_key_message
+from asyncrl.config.hydra import DELETE, apply_hydra
+from asyncrl.config.keys import leaf_keys, section_keys, unknown_key_message
 from asyncrl.config.schema import Config
 from asyncrl.config.validate import validate
-from asyncrl.config.verl import Translation, renamed_keys, translate, warn_not_modelled
-from asyncrl.errors import ConfigError
+from asyncrl.config.verl import Translation, is_verl_key, renamed_keys, translate, warn_not_modelled
+from asyncrl.errors import ConfigError, ConfigErrors
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (),
@@ -35,12 +36,16 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
 def load_train_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
     """`load_config` for what trains (`asyncrl train`, the Python API): a command line in verl's
     names must name its model, as verl requires, rather than train the built-in toy on its data."""
-    translation = resolve(path, overrides)
-    if translation.changes_training:
-        raise ConfigError(next(iter(translation.changes_training.values())))
+    translation = resolve(path, overrides, warn=False)
+    if translation.changes_training:  # all of them at once: a recipe is fixed in one go
+        raise ConfigErrors(list(translation.changes_training.values()))
     if translation.uses_verl_names and "model.path" not in translation.values:
         raise ConfigError("a verl command line without actor_rollout_ref.model.path would train asyncrl's "
                           "built-in toy model: set the model's path (model.path=tiny means the toy)")
+    if "data.train_files" in translation.values and "model.path" not in translation.values:
+        raise ConfigError("data.train_files without model.path would train asyncrl's built-in toy model (0.8M "
+                          "parameters) on your data: set model.path (model.path=tiny means the toy)")
+    warn_not_modelled(translation)
     return _checked(translation)
 
 
@@ -64,13 +69,20 @@ def check_step_counts(cfg: Config, given: set[str]) -> None:
 
 
 def resolve(path: str | Path | None = None, overrides: typing.Sequence[str] = (),
-            entry: str | None = None) -> Translation:
-    """The YAML's and the overrides' keys in ours, warning once about verl keys not modelled."""
+            entry: str | None = None, warn: bool = True) -> Translation:
+    """The YAML's and the overrides' keys in ours, warning once about verl keys not modelled
+    (`warn`; `load_train_config` warns only once it has refused none)."""
     raw: dict[str, Any] = {} if path is None else _read_yaml(Path(path))
-    pairs = [*_flatten(raw), *(_parse_override(item) for item in overrides)]
+    pairs = apply_hydra([*_flatten(raw), *(_parse_override(item) for item in overrides)], known_key)
     translation = translate(pairs, entry)
-    warn_not_modelled(translation)
+    if warn:
+        warn_not_modelled(translation)
     return translation
+
+
+def known_key(key: str) -> bool:
+    """A key ours or verl's (what Hydra's `~key` may delete)."""
+    return key in leaf_keys() or key in section_keys() or is_verl_key(key)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -121,9 +133,11 @@ def dump_config(cfg: Config, path: str | Path | None = None) -> str:
 
 
 def _parse_override(item: str) -> tuple[str, Any]:
-    """`section.key=value` (or hydra's `+key=value`, `++key=value`) -> (key, YAML value)."""
+    """`section.key=value` (or hydra's `+key=value`, `++key=value`, `~key`, `~key=value`) -> (key, YAML value)."""
     key, sep, value_text = item.partition("=")
-    if not sep or not key.lstrip("+"):
+    if item.startswith("~") and not sep and len(item) > 1:
+        return item, DELETE
+    if not sep or not key.lstrip("+~"):
         raise ConfigError(f"override {item!r} must look like section.key=value")
     try:
         value = yaml.safe_load(value_text) if value_text != "" else ""

@@ -357,7 +357,7 @@ class TrainerConfig:
     stop_timeout_s: float = knob(60.0, "> 0")
     """On SIGINT/SIGTERM: seconds allowed to stop generation, finish the update and checkpoint."""
     logger: tuple[Logger, ...] = ("console", "jsonl", "tensorboard")
-    """Metric sinks."""
+    """Metric sinks; metrics.jsonl is written whatever this lists (it is the run's record)."""
     project_name: str = "asyncrl"
     """W&B project."""
     experiment_name: str = "run"

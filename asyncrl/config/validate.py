@@ -180,6 +180,11 @@ def _restart_rules(cfg: Config) -> None:
 
 def _multi_turn_rules(cfg: Config) -> None:
     m, r = cfg.rollout.multi_turn, cfg.rollout
+    named = [f"rollout.multi_turn.{k}={v!r}" for k, v in (("tool_config_path", m.tool_config_path),
+                                                           ("episode", m.episode)) if v]
+    if named and not m.enable:
+        raise ConfigError(f"{' and '.join(named)} without rollout.multi_turn.enable=true would train single-turn "
+                          f"and never use it: set rollout.multi_turn.enable=true, or drop the key")
     if m.enable and r.ignore_eos:
         raise ConfigError("rollout.multi_turn.enable ends each model turn at its end-of-turn token: set "
                           "rollout.ignore_eos=false")

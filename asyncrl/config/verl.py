@@ -405,11 +405,25 @@ def _micro_batch(v: dict[str, Any], held: dict[str, Any]) -> None:
     sequences per GPU, which hold at most max_prompt_length + max_response_length tokens each."""
     if "actor.ppo_micro_batch_tokens" in v:
         return
+    longest = _longest(v)
     if held.get("@dynamic_bsz"):
-        v["actor.ppo_micro_batch_tokens"] = held.get("@max_token_len", 16384)  # verl's default
-    elif held.get("@micro_batch_sequences"):
-        longest = _get(v, "data.max_prompt_length") + _get(v, "data.max_response_length")
-        v["actor.ppo_micro_batch_tokens"] = held["@micro_batch_sequences"] * longest
+        v["actor.ppo_micro_batch_tokens"] = _count(held.get("@max_token_len", 16384), A + "ppo_max_token_len_per_gpu")
+    elif held.get("@micro_batch_sequences") and longest:
+        sequences = _count(held["@micro_batch_sequences"], A + "ppo_micro_batch_size_per_gpu")
+        v["actor.ppo_micro_batch_tokens"] = sequences * longest
+
+
+def _longest(v: dict[str, Any]) -> int | None:
+    """max_prompt_length + max_response_length, or None where one is not a number (validation says so)."""
+    lengths = [_get(v, "data.max_prompt_length"), _get(v, "data.max_response_length")]
+    return sum(lengths) if all(isinstance(n, int) and not isinstance(n, bool) for n in lengths) else None
+
+
+def _count(value: Any, key: str) -> int:
+    """A verl micro-batch size or token budget: a positive whole number, else one line naming the key."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key}={value!r}: must be a whole number >= 1")
+    return value
 
 
 def _log_prob_micro_batch(v: dict[str, Any], held: dict[str, Any]) -> None:
@@ -417,16 +431,18 @@ def _log_prob_micro_batch(v: dict[str, Any], held: dict[str, Any]) -> None:
     as `_micro_batch` reads the training one (log_prob_use_dynamic_bsz defaults to the actor's
     use_dynamic_bsz); ours is one budget for both passes: the smaller. Where verl's keys leave it
     unset (verl then uses the training budget) ours stays 0: twice the training budget."""
-    if "actor.log_prob_micro_batch_tokens" in v:
+    longest = _longest(v)
+    if "actor.log_prob_micro_batch_tokens" in v or longest is None:
         return
-    longest = _get(v, "data.max_prompt_length") + _get(v, "data.max_response_length")
     budgets = []
     for p in ("rollout", "ref"):
         dynamic = held.get(f"@log_prob_dynamic_bsz.{p}", held.get("@dynamic_bsz"))
+        where = R if p == "rollout" else "actor_rollout_ref.ref."
         if dynamic and f"@log_prob_max_token_len.{p}" in held:
-            budgets.append(held[f"@log_prob_max_token_len.{p}"])
+            budgets.append(_count(held[f"@log_prob_max_token_len.{p}"], where + "log_prob_max_token_len_per_gpu"))
         elif not dynamic and held.get(f"@log_prob_micro_batch_sequences.{p}"):
-            budgets.append(held[f"@log_prob_micro_batch_sequences.{p}"] * longest)
+            key = where + "log_prob_micro_batch_size_per_gpu"
+            budgets.append(_count(held[f"@log_prob_micro_batch_sequences.{p}"], key) * longest)
     if budgets:
         v["actor.log_prob_micro_batch_tokens"] = min(budgets)
 

@@ -73,11 +73,12 @@ def _read_parquet(path: str) -> list[dict[str, Any]]:
 
 def _read_jsonl(path: str) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            where = f"{path} row {len(records)} (0-based, line {line_no})"
+            line = _utf8(raw, where)
             if not line.strip():
                 continue
-            where = f"{path} row {len(records)} (0-based, line {line_no})"
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -86,9 +87,18 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
     return records
 
 
+def _utf8(raw: bytes, where: str) -> str:
+    """The text of `raw`, or a DataError naming where its bytes are not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}); "
+                        f"re-encode the file as UTF-8") from None
+
+
 def _read_json(path: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    with open(path, "rb") as f:
+        text = _utf8(f.read(), path)
     if not text.lstrip().startswith("["):
         return _read_jsonl(path)  # JSON lines under a .json name
     try:
@@ -112,6 +122,8 @@ def row_from_record(rec: dict[str, Any], path: str, index: int, split_name: str 
     if not isinstance(data_source, str) or not data_source:
         raise DataError(f"{where}: field 'data_source' must be a non-empty str, got {_tname(data_source)}")
     prompt = rec.get("prompt")
+    if isinstance(prompt, bytes):  # a parquet binary column: text if it is UTF-8
+        prompt = _utf8(prompt, f"{where}: field 'prompt'")
     text = prompt if isinstance(prompt, str) and prompt else ""
     messages = () if text else _messages(prompt, where)
     ability = rec.get("ability") or ""

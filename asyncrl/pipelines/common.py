@@ -170,6 +170,24 @@ async def after_step(ctx: RunContext, step: int, metrics: dict[str, float],
 def log_step(ctx: RunContext, step: int, metrics: dict[str, float]) -> None:
     assert ctx.tracker is not None, "call start() before logging"
     ctx.tracker.log(metrics, step)
+    check_tool_calls(ctx, step, metrics)
+
+
+NO_TOOL_STEPS = 3
+"""Training steps of a multi-turn run without one tool call before it says so."""
+
+
+def check_tool_calls(ctx: RunContext, step: int, metrics: dict[str, float]) -> None:
+    """A multi-turn run whose model has called no tool by step NO_TOOL_STEPS says so, once: its
+    episodes are single turns, and the model is likely one that does not know the tool format."""
+    if not ctx.cfg.rollout.multi_turn.enable or "tool_calls/mean" not in metrics or step == 0:
+        return
+    ctx.tool_calls += metrics["tool_calls/mean"]
+    if step == NO_TOOL_STEPS and ctx.tool_calls == 0:
+        m = ctx.cfg.rollout.multi_turn
+        ctx.log(f"warning: no tool call in {step} steps (tool_calls/mean 0): model.path={ctx.cfg.model.path} does "
+                f"not write rollout.multi_turn.format={m.format} calls, so every episode is one turn; "
+                f"model.path=tiny-tools is the toy model that calls the built-in tools")
 
 
 async def validate_before_training(ctx: RunContext, step: int) -> None:

@@ -70,3 +70,5 @@ class RunContext:
     """The pipeline's own part of a checkpoint, taken at one instant (see `checkpoint.snapshot`)."""
     slow_rewards: SlowRewards = field(default_factory=SlowRewards)
     """`reward/timeout_time_share` per step, and the run's one warning when timeouts dominate."""
+    tool_calls: float = 0.0
+    """Multi-turn: the tool calls per episode summed over the steps logged (`common.check_tool_calls`)."""

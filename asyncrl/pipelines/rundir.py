@@ -81,6 +81,15 @@ def prepare_run(cfg: Config, log: Callable[[str], None] = print) -> tuple[Config
     return cfg, resume
 
 
+def with_run_dir(cfg: Config) -> Config:
+    """`cfg` with its new run directory named (`trainer.output_dir`, not made yet) where it is empty
+    and no checkpoint path says where the run belongs: so the start line can name it."""
+    t = cfg.trainer
+    if t.output_dir or t.resume_mode not in ("auto", "disable"):
+        return cfg
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, output_dir=str(new_run_dir(t.experiment_name))))
+
+
 def new_run_dir(experiment_name: str, root: Path = RUNS_ROOT) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path, n = root / f"{experiment_name}-{stamp}", 1

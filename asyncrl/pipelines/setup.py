@@ -39,9 +39,10 @@ if TYPE_CHECKING:
 
 
 def build_context(cfg: Config, *, log: Callable[[str], None] = log_line,
-                  substrate: Substrate | None = None) -> RunContext:
+                  substrate: Substrate | None = None, started: bool = False) -> RunContext:
     """A run on `substrate` (default: the real one `backend=` names, after checking that every
-    key set is read by the chosen pipeline)."""
+    key set is read by the chosen pipeline). `started`: the settings line is out already
+    (`asyncrl train` prints it before the heavy imports)."""
     from asyncrl.substrates.registry import substrate_for
 
     if substrate is None:
@@ -62,7 +63,8 @@ def _build(cfg: Config, resume_from: Path | None, lock: RunLock, log: Callable[[
     dump_config(cfg, out / "config.yaml")
     data = substrate.load_data(cfg, log)
     plan = plan_run(cfg, substrate.device, trainer_device(cfg, data.model_config))
-    log(settings_line(cfg))
+    if not started:
+        log(settings_line(cfg))
     log(plan.line())
     (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
     workers = substrate.build_workers(cfg, plan, log)
@@ -107,8 +109,11 @@ def seed_everything(seed: int) -> None:
 
 
 def open_tracker(ctx: RunContext, initial_step: int) -> Tracker:
+    """The run's sinks: `trainer.logger`'s, and metrics.jsonl whatever it lists (the run's record,
+    which `sim --fit`, `asyncrl report` and resume read; not a logger to choose)."""
     t = ctx.cfg.trainer
-    return make_tracker(t.logger, ctx.output_dir, total_steps=ctx.plan.updates,
+    names = t.logger if "jsonl" in t.logger else (*t.logger, "jsonl")
+    return make_tracker(names, ctx.output_dir, total_steps=ctx.plan.updates,
                         initial_step=initial_step, project=t.project_name,
                         experiment=t.experiment_name, config=config_to_dict(ctx.cfg), log=ctx.log,
                         trace=ctx.trace, generations=generations_paths(ctx))

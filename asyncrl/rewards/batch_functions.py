@@ -36,7 +36,7 @@ from asyncrl.errors import ConfigError
 from asyncrl.rewards.driver_calls import DriverServer, RemoteFunction
 from asyncrl.rewards.pool import BatchCall, RewardPool
 from asyncrl.rewards.registry import RewardResult, load_custom_function
-from asyncrl.rewards.trl_values import DRIVER_PREFIX, batch_values, function_name
+from asyncrl.rewards.trl_values import DRIVER_PREFIX, batch_values, call_trl, function_name
 from asyncrl.types import PromptRow
 
 BatchFn = Callable[..., Sequence[float | None]]
@@ -103,9 +103,11 @@ class BatchFunctions:
         self.pool = pool
         self._threads = ThreadPoolExecutor(max_workers=max(len(specs), 1), thread_name_prefix="asyncrl-reward-fn")
 
-    def score(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> list[RewardResult]:
-        """One result per (row, text): the weighted sum of the functions' values."""
-        kwargs = trl_arguments(rows, texts)
+    def score(self, rows: Sequence[PromptRow], texts: Sequence[str], ids: Sequence[Sequence[int]] = (),
+              step: int = 0) -> list[RewardResult]:
+        """One result per (row, text): the weighted sum of the functions' values. `ids`: the texts'
+        token ids (TRL's completion_ids); `step`: the policy version (TRL's trainer_state.global_step)."""
+        kwargs = trl_arguments(rows, texts, ids, step)
         futures = [self._threads.submit(self._call, i, kwargs) for i in range(len(self.fns))]
         columns: list[list[float | None]] = []
         for i, future in enumerate(futures):
@@ -121,7 +123,9 @@ class BatchFunctions:
             assert self.pool is not None
             reply = self.pool.run_batch(BatchCall(self.specs[i], kwargs))
             return reply if isinstance(reply, list) else reply.result
-        return batch_values(self.names[i], self.fns[i](**kwargs), len(kwargs["prompts"]))
+        fn = self.fns[i]
+        values = fn(**kwargs) if isinstance(fn, RemoteFunction) else call_trl(fn, kwargs)
+        return batch_values(self.names[i], values, len(kwargs["prompts"]))
 
     def _values(self, i: int, future: Future[Any]) -> list[float | None] | RewardResult:
         """Function i's values, or the failed result of its whole batch. The pool keeps its own deadline."""
@@ -148,11 +152,15 @@ class BatchFunctions:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
 
-def trl_arguments(rows: Sequence[PromptRow], texts: Sequence[str]) -> dict[str, list[Any]]:
-    """TRL's keyword arguments for a batch: prompts, completions and one list per column."""
+def trl_arguments(rows: Sequence[PromptRow], texts: Sequence[str], ids: Sequence[Sequence[int]] = (),
+                  step: int = 0) -> dict[str, Any]:
+    """TRL's keyword arguments for a batch: prompts, completions, completion_ids, trainer_state (as
+    a dict: `call_trl` makes it the object) and one list per column."""
     prompts = [r.text or [dict(m) for m in r.messages] for r in rows]
     completions: list[Any] = [t if r.text else [{"role": "assistant", "content": t}] for r, t in zip(rows, texts)]
-    keys = sorted({k for r in rows for k in r.extra_info} - {"prompts", "completions"})
+    keys = sorted({k for r in rows for k in r.extra_info} - {"prompts", "completions", "completion_ids",
+                                                             "trainer_state"})
     columns = {k: [r.extra_info.get(k) for r in rows] for k in keys}
-    return {"prompts": prompts, "completions": completions, "ground_truth": [r.ground_truth for r in rows],
+    return {"prompts": prompts, "completions": completions, "completion_ids": [list(i) for i in ids],
+            "trainer_state": {"global_step": step}, "ground_truth": [r.ground_truth for r in rows],
             "data_source": [r.data_source for r in rows], **columns}

@@ -27,6 +27,8 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any, cast
 
+from asyncrl.rewards.trl_values import call_trl
+
 Lookup = Any  # Callable[[str], Callable[..., Any] | None]; Any keeps this module free of batch_functions
 
 
@@ -63,7 +65,7 @@ class DriverServer:
             try:
                 if fn is None:
                     raise LookupError(f"{request['name']} is no longer registered in the driver")
-                reply = {"values": to_json(fn(**request["kwargs"]))}
+                reply = {"values": to_json(call_trl(fn, request["kwargs"]))}
             except Exception as exc:  # noqa: BLE001 - a user's function may raise anything
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
             try:

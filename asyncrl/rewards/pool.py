@@ -51,7 +51,7 @@ from asyncrl.rewards.registry import RewardFn, known_data_sources, load_custom_f
 from asyncrl.rewards.runner import Outcome, RewardCall, call_reward, failed
 from asyncrl.rewards.sandbox import ENV_VAR as SANDBOX_ENV
 from asyncrl.rewards.sandbox import to_env
-from asyncrl.rewards.trl_values import batch_values, function_name
+from asyncrl.rewards.trl_values import batch_values, call_trl, function_name
 
 START_TIMEOUT_S = 60.0
 """A worker must import the reward functions and report ready within this (the built-ins take ~0.3 s)."""
@@ -394,7 +394,7 @@ def _batch_values(call: BatchCall) -> Reply:
     name = function_name(call.spec)
     try:
         fn = cast(Callable[..., Any], load_custom_function(call.spec))  # TRL's signature, not RewardFn's
-        values = batch_values(name, fn(**call.kwargs), len(call.kwargs["prompts"]))
+        values = batch_values(name, call_trl(fn, call.kwargs), len(call.kwargs["prompts"]))
     except BaseException as exc:  # noqa: BLE001 - SystemExit included: the worker must survive it
         return failed("error", f"reward function {name} raised {type(exc).__name__}: {exc}",
                       "".join(traceback.format_exception(exc)))

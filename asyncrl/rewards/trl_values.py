@@ -7,7 +7,8 @@ worker processes, `pool.py`), which therefore all refuse the same things the sam
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 DRIVER_PREFIX = "driver:"
@@ -41,3 +42,19 @@ def _number_or_none(value: Any) -> bool:
 
 def _describe(value: Any) -> str:
     return f"{len(value)} values" if isinstance(value, Sequence) and not isinstance(value, str) else repr(value)[:60]
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What a reward function reads from TRL's `trainer_state`: the step (asyncrl's policy version)."""
+
+    global_step: int
+
+
+def call_trl(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
+    """Call a TRL reward function with a batch's keyword arguments, `trainer_state` (carried as a
+    dict between processes) as the object TRL passes."""
+    state = kwargs.get("trainer_state")
+    if isinstance(state, Mapping):
+        kwargs = {**kwargs, "trainer_state": TrainerState(**state)}
+    return fn(**kwargs)

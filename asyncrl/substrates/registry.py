@@ -6,8 +6,6 @@ Not here: what a substrate is (`asyncrl.substrates`: `Substrate`, `RunData`, `Wo
 
 from __future__ import annotations
 
-import importlib.util
-
 from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError
 from asyncrl.substrates import Substrate
@@ -24,9 +22,9 @@ def substrate_for(cfg: Config) -> Substrate:
 
         return ProcessSubstrate()
     if cfg.backend == "ray":
-        if importlib.util.find_spec("ray") is None:
-            raise ConfigError("backend=ray needs Ray, which is not installed: pip install 'asyncrl[ray]' "
-                              "(or set backend=local)")
+        from asyncrl.preflight import check_backend
+
+        check_backend(cfg.backend)
         from asyncrl.substrates.ray_cluster import RaySubstrate
 
         return RaySubstrate()

@@ -16,13 +16,21 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever sys.stderr is at the time of each record (tests swap it)."""
+    """Writes to whatever sys.stderr is at the time of each record (tests swap it); a warning
+    (a WARNING record, or a line that starts "warning:") is written once: preflight's checks and
+    the run's own loaders may find the same thing, and the user reads it once."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
+        self.warned: set[str] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = sys.stderr
+        message = record.getMessage()
+        if record.levelno == logging.WARNING or message.startswith("warning:"):
+            if message in self.warned:
+                return
+            self.warned.add(message)
         super().emit(record)
 
 

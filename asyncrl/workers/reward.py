@@ -112,18 +112,21 @@ class RewardWorker:
     def _results(self, rows: Sequence[PromptRow], trajectories: Sequence[Trajectory],
                  texts: Sequence[str]) -> list[RewardResult]:
         """The rule rewards (unless only the reward model scores), with the reward model's score added."""
-        rules: list[RewardResult | None] = list(self._rule_results(rows, texts)) if self.rules else [None] * len(rows)
+        rules: list[RewardResult | None] = (list(self._rule_results(rows, texts, trajectories)) if self.rules
+                                            else [None] * len(rows))
         if self.reward_model is None:
             return [r for r in rules if r is not None]
         scores = self.reward_model.score(rows, trajectories, texts)
         return [combine(r, s, self.cfg.rule_weight, self.cfg.model_weight) for r, s in zip(rules, scores)]
 
-    def _rule_results(self, rows: Sequence[PromptRow], texts: Sequence[str]) -> list[RewardResult]:
+    def _rule_results(self, rows: Sequence[PromptRow], texts: Sequence[str],
+                      trajectories: Sequence[Trajectory]) -> list[RewardResult]:
         """The rule rewards: `reward.functions`, else each data source's function."""
         if self.functions is None:
             return score_batch(rows, texts, pool=self.pool, stats=self.stats,
                                defaults={"gsm8k_method": self.cfg.gsm8k_method})
-        scored = self.functions.score(rows, texts)
+        scored = self.functions.score(rows, texts, [t.response_ids for t in trajectories],
+                                      max((t.end_version for t in trajectories), default=0))
         for row, result in zip(rows, scored):
             self.stats.record(Outcome(result, result.error), row.data_source)
         return list(scored)
@@ -137,8 +140,8 @@ class RewardWorker:
         assert self.reward_model is not None
         ruled = [i for i, r in enumerate(rows) if self.has_rule(r.data_source)]
         rest = [i for i, r in enumerate(rows) if not self.has_rule(r.data_source)]
-        results: dict[int, RewardResult] = dict(zip(ruled, self._rule_results([rows[i] for i in ruled],
-                                                                               [texts[i] for i in ruled])))
+        results: dict[int, RewardResult] = dict(zip(ruled, self._rule_results(
+            [rows[i] for i in ruled], [texts[i] for i in ruled], [trajectories[i] for i in ruled])))
         if rest:
             scores = self.reward_model.score([rows[i] for i in rest], [trajectories[i] for i in rest],
                                              [texts[i] for i in rest])
