@@ -50,14 +50,14 @@ def build_context(cfg: Config, *, log: Callable[[str], None] = log_line,
         substrate = substrate_for(cfg)
     cfg, resume_from, lock = claim_run(cfg, log)  # before anything is written in the run directory
     try:
-        return _build(cfg, resume_from, lock, log, substrate)
+        return _build(cfg, resume_from, lock, log, substrate, started)
     except BaseException:
         lock.release()
         raise
 
 
 def _build(cfg: Config, resume_from: Path | None, lock: RunLock, log: Callable[[str], None],
-           substrate: Substrate) -> RunContext:
+           substrate: Substrate, started: bool) -> RunContext:
     seed_everything(cfg.seed)
     out = Path(cfg.trainer.output_dir)
     dump_config(cfg, out / "config.yaml")
