@@ -36,10 +36,13 @@ case "$cmd" in
          # the suite's models (tiny, tiny-tools), built once into a cache kept between runs, saying so as they build
          export ASYNCRL_TEST_CACHE="${ASYNCRL_TEST_CACHE:-$PWD/.cache/test-models}"
          echo "run.sh: the test models in $ASYNCRL_TEST_CACHE (the first time: built and warmed up, a few minutes) ..." >&2
-         "$venv/bin/python" -c 'import os, sys; from pathlib import Path
+         # (each build is a one-thread child process: the two run side by side)
+         "$venv/bin/python" -c 'import os, sys; from pathlib import Path; from concurrent.futures import ThreadPoolExecutor
 from asyncrl.models.tiny import load_tiny; from asyncrl.models.tiny_tools import load_tiny_tools
 say = lambda line: print(f"run.sh: {line}", file=sys.stderr, flush=True)
-for load in (load_tiny, load_tiny_tools): load(Path(os.environ["ASYNCRL_TEST_CACHE"]), log=say)'
+with ThreadPoolExecutor(2) as pool:
+    for done in [pool.submit(load, Path(os.environ["ASYNCRL_TEST_CACHE"]), log=say) for load in (load_tiny, load_tiny_tools)]:
+        done.result()'
          echo "run.sh: pytest ..." >&2
          # two pytest-xdist workers (the tests on Ray share one: tests/conftest.py); `-n 0` runs in-process
          exec "$venv/bin/python" -m pytest -n 2 --dist loadgroup "$@" ;;
