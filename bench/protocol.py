@@ -16,6 +16,7 @@ refused with the reason. Not here: running cells or computing verdicts (`bench/s
 
     python bench/protocol.py check bench/protocols/longtail_plateau.yaml   # hash, commit, what is missing
     python bench/protocol.py pin bench/protocols/longtail_plateau.yaml     # fill the model's key and weights hash
+    python bench/protocol.py set-lr bench/protocols/longtail_plateau.yaml --lr 1e-4   # the sweep's pick
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def ready(protocol: Protocol) -> list[str]:
     if not protocol.pinned():
         problems.append(f"model not pinned: run `python bench/protocol.py pin {protocol.path}` and commit it")
     if protocol.body["lr"] is None:
-        problems.append(f"lr is null in {protocol.path}: set it from the sweep's pick (lr_sweep) and commit it")
+        problems.append(f"lr is null in {protocol.path}: `python bench/protocol.py set-lr {protocol.path} --lr X` "
+                        "with the sweep's pick (lr_sweep), and commit it")
     return problems
 
 
@@ -211,10 +213,17 @@ def refusal(cell: dict[str, Any], protocol: Protocol) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=("check", "pin"))
+    ap.add_argument("command", choices=("check", "pin", "set-lr"))
     ap.add_argument("protocols", nargs="+", type=Path)
+    ap.add_argument("--lr", type=float, help="set-lr: the sweep's pick")
     args = ap.parse_args(argv)
     for path in args.protocols:
+        if args.command == "set-lr":
+            if args.lr is None:
+                ap.error("set-lr needs --lr (the learning rate the sweep chose)")
+            set_field(path, "lr", f"{args.lr:g}")
+            print(f"{path}: lr {args.lr:g}; commit it before the main cells run")
+            continue
         if args.command == "pin":
             print(f"{path}: pinned {json.dumps(pin(path))}; commit it before the cells run")
             continue

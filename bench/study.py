@@ -33,6 +33,9 @@ from bench.convergence import load, mean_curve, run_cell  # noqa: E402
 from bench.protocol import Protocol, check_model, ready, refusal  # noqa: E402
 from bench.protocol import load as load_protocol  # noqa: E402
 
+RESULTS = Path(__file__).resolve().parent / "results"
+"""Where a study's cells (`study_<study>.jsonl`) and summary (`study_<study>_summary.json`) go."""
+
 
 def cells(protocol: Protocol) -> list[tuple[str, int]]:
     """(arm, seed) of every main cell, arms alternating within a seed."""
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timeout-s", type=float, default=1800)
     args = ap.parse_args(argv)
     protocol = load_protocol(args.protocol)
-    out = Path("bench/results") / f"study_{protocol.body['study']}.jsonl"
+    out = RESULTS / f"study_{protocol.body['study']}.jsonl"
     if args.plan:
         print(f"{len(cells(protocol))} cells, budget {protocol.body['budget_cpu_hours']} CPU-hours")
         print("\n".join(ready(protocol)) or "ready")
