@@ -20,7 +20,8 @@ from bench.convergence import (
 def test_parity_docstring_example_and_the_other_verdicts() -> None:
     p = parity([0.01, -0.01, 0.0, 0.02, -0.02])
     # sd = sqrt(0.001 / 4) = 0.0158114; half-width = 2.776 x 0.0158114 / sqrt(5) = 0.0196293
-    assert p["verdict"] == "at parity" and p["ci95"] == pytest.approx([-0.0196293, 0.0196293], rel=1e-5, abs=1e-7)
+    assert p["verdict"] == "not worse at 0.03"
+    assert p["ci95"] == pytest.approx([-0.0196293, 0.0196293], rel=1e-5, abs=1e-7)
     assert parity([-0.05, -0.06, -0.04, -0.05, -0.055])["verdict"] == "below"
     assert parity([0.01, 0.0, 0.02])["verdict"] == "not shown"  # an interval above -0.03, but only 3 seeds
     assert parity([0.1, -0.1, 0.05, 0.0, -0.05])["verdict"] == "not shown"  # straddles -0.03
@@ -47,6 +48,9 @@ def test_summary_time_to_ninety_percent_and_paired_parity() -> None:
     # target 0.9 x 0.6 = 0.54: colocated reaches it at its last validation (20 s), fa_partial at 4 s
     assert summary["colocated"]["time_to_90pct_s"] == 20 and summary["fa_partial"]["time_to_90pct_s"] == 4
     fa = summary["fa_partial"]
+    assert fa["status"] == "exploratory"
+    # the table's columns subtract to the paired difference: 0.58 - colocated's 0.6 on the same seeds
+    assert fa["reference_paired_mean"] - fa["final_mean"] == pytest.approx(0.02, rel=1e-9, abs=1e-12)
     assert (median_time([10.0, None, 30.0]), median_time([10.0, None]), median_time([])) == (30.0, None, None)
     assert fa["final_mean"] == pytest.approx(0.58, rel=1e-12, abs=1e-12)
     # paired diffs 0, -0.01, -0.02, -0.03, -0.04: mean -0.02, half-width 0.0196293 -> [-0.0396, -0.0004],
@@ -62,6 +66,15 @@ def test_final_score_is_the_mean_of_the_last_three_validations() -> None:
     points = [{"score": v} for v in (0.2, 0.3, 0.35, 0.3, 0.31)]
     assert final_score(points) == pytest.approx(0.32, rel=1e-12)
     assert final_score(points[:2]) == pytest.approx(0.25, rel=1e-12)  # fewer validations: all of them
+
+
+def test_a_cell_knows_whether_partial_rollout_was_on() -> None:
+    from bench.convergence import overrides, partial_rollout
+
+    args = parse([])
+    assert partial_rollout(overrides("fa_partial", "longtail_partial", 0, args))
+    assert not partial_rollout(overrides("fa_stale", "longtail_partial", 0, args))
+    assert not partial_rollout(["async_training.partial_rollout=true", "async_training.partial_rollout=false"])
 
 
 def test_cells_are_reused_only_under_the_same_settings() -> None:
@@ -97,6 +110,10 @@ def test_each_task_runs_on_its_model_with_its_options() -> None:
         dropped: list[str] = []
         assert len(val_rows(cfg.data, 1, build_char_tokenizer(), dropped.append)[0]) == args.val_size
         assert dropped == []
+    partial = load_config(overrides=overrides("fa_partial", "longtail_partial", 0, args))  # issue 38: 4x longer answers
+    assert (partial.model.path, partial.data.task_options[0]) == ("tiny-longtail", "median=48.0")
+    assert len(val_rows(partial.data, 1, build_char_tokenizer(), dropped.append)[0]) == args.val_size
+    assert dropped == []
     with pytest.raises(SystemExit):
         parse(["--tasks", "arithmetic,countdwn"])
 

@@ -1,0 +1,195 @@
+"""Run and summarise a pre-registered accuracy study (issue 38): the cells of `bench/protocols/<study>.yaml`
+and the verdicts as that protocol defines them.
+
+    PYTHONPATH=. python bench/study.py bench/protocols/longtail_plateau.yaml --plan     # cells, hours, readiness
+    PYTHONPATH=. python bench/study.py bench/protocols/longtail_plateau.yaml            # run what is missing
+    PYTHONPATH=. python bench/study.py bench/protocols/longtail_plateau.yaml --report   # the summary only
+
+A run refuses to start unless the protocol is committed, its model pinned and matching this machine's,
+and its lr set (`bench/protocol.py`). Cells run arm after arm within a seed, seeds in order; each is
+appended to `bench/results/study_<study>.jsonl` as it finishes, with `protocol_hash`,
+`protocol_commit` and `started_at`, and a rerun skips the cells already recorded under the same
+protocol, so a study can stop and go on later. The summary counts only the cells the protocol admits
+(`protocol.refusal`: others are listed with the reason) and reports, per arm, the verdict of
+`bench/verdicts.py` at the latest look reached, the margin, colocated's slope over the endpoint window,
+the control's interval, and what was trained (partial ratio, version lag, lengths against colocated's).
+Not here: the exploratory matrix (`bench/convergence.py`), whose cells never count for a study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import verdicts  # noqa: E402
+from bench.cell_stats import ks_distance  # noqa: E402
+from bench.convergence import load, mean_curve, run_cell  # noqa: E402
+from bench.protocol import Protocol, check_model, ready, refusal  # noqa: E402
+from bench.protocol import load as load_protocol  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+"""Where a study's cells (`study_<study>.jsonl`) and summary (`study_<study>_summary.json`) go."""
+
+
+def cells(protocol: Protocol) -> list[tuple[str, int]]:
+    """(arm, seed) of every main cell, arms alternating within a seed."""
+    return [(a["name"], s) for s in range(protocol.body["seeds"]) for a in protocol.body["arms"]]
+
+
+def cell_args(protocol: Protocol, arm: str, runs_dir: Path, timeout_s: float) -> argparse.Namespace:
+    """bench/convergence.py's arguments for one arm's cells: the protocol's settings and lr, then the
+    task's extra keys and the arm's (after the shared ones, so an arm's key wins)."""
+    body, spec = protocol.body, protocol.arm(arm)
+    lr = spec.get("lr", body["lr"])
+    return argparse.Namespace(**body["settings"], lr=lr, runs_dir=runs_dir, timeout_s=timeout_s,
+                              override=[*body["task"].get("keys", []), *spec.get("keys", []), f"actor.lr={lr}"])
+
+
+def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float) -> None:
+    if problems := ready(protocol) or check_model(protocol):
+        raise SystemExit("\n".join(problems))
+    done = {(c["arm"], c["seed"]) for c in load(out) if refusal(c, protocol) is None}
+    todo = [c for c in cells(protocol) if c not in done]
+    print(f"{protocol.body['study']}: {len(todo)} cells to run, {len(done)} done", flush=True)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for arm, seed in todo:
+        mode, task = protocol.arm(arm)["mode"], protocol.body["task"]["name"]
+        cell = run_cell(mode, task, seed, cell_args(protocol, arm, runs_dir, timeout_s))
+        cell = {"arm": arm, "protocol_hash": protocol.hash, "protocol_commit": protocol.commit, **cell}
+        with out.open("a") as f:
+            f.write(json.dumps(cell) + "\n")
+        why = refusal(cell, protocol) or "admitted"
+        print(f"{arm} seed {seed}: {why}, {cell.get('process_s', 0):.0f} s", flush=True)
+
+
+def current_look(protocol: Protocol, by_arm: dict[str, dict[int, float]]) -> dict[str, Any] | None:
+    """The latest look every arm has reached: its seeds 0..n-1 all recorded for every arm (None: none yet)."""
+    test = protocol.body["test"]
+    looks = test.get("looks") or [{"seeds": protocol.body["seeds"], "alpha": test["alpha"]}]
+    reached = [look for look in looks if all(set(range(look["seeds"])) <= set(s) for s in by_arm.values())]
+    if not reached:
+        return None
+    return {**reached[-1], "final": reached[-1] is looks[-1]}
+
+
+def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The study's summary from the recorded cells (see the module docstring)."""
+    body = protocol.body
+    refused = [{"arm": c.get("arm"), "seed": c.get("seed"), "why": why} for c in results
+               if (why := refusal(c, protocol)) is not None]
+    admitted = [c for c in results if refusal(c, protocol) is None]
+    window = (body["endpoint"]["window_prompts"][0], body["endpoint"]["window_prompts"][1])
+    runs = {a["name"]: {c["seed"]: c for c in admitted if c.get("arm") == a["name"]} for a in body["arms"]}
+    finals = {arm: {s: verdicts.endpoint(c["points"], window) for s, c in by_seed.items()}
+              for arm, by_seed in runs.items()}
+    out: dict[str, Any] = {"study": body["study"], "protocol_hash": protocol.hash, "protocol_commit": protocol.commit,
+                           "admitted": len(admitted), "refused": refused}
+    look = current_look(protocol, finals)
+    if look is None or not runs["colocated"]:
+        return {**out, "look": None, "verdicts": "none yet: no look reached (test.looks)"}
+    seeds = range(look["seeds"])
+    colocated = [runs["colocated"][s]["points"] for s in seeds]
+    margin = verdicts.relative_margin(mean_curve(colocated), window, body["margin"]["rise_fraction"],
+                                      body["margin"].get("fewer_samples"))
+    out.update(look=look, margin=margin, plateau=verdicts.plateau_slope(colocated, window),
+               arms=arm_verdicts(protocol, finals, look, margin["margin"]),
+               trained=trained(runs, seeds))
+    control = out["arms"][body["control"]]
+    if "ci95" in control:
+        low, high = control["ci95"]
+        out["control"] = {"ci95": control["ci95"], "contains_0": low <= 0.0 <= high,
+                          "no_wider_than_margin": high - low <= margin["margin"]}
+    return out
+
+
+def arm_verdicts(protocol: Protocol, finals: dict[str, dict[int, float]], look: dict[str, Any],
+                 margin: float) -> dict[str, Any]:
+    """Each arm's verdict at `look`, Holm over the arms (colocated excluded) within the task."""
+    test, seeds = protocol.body["test"], range(look["seeds"])
+    diffs = {arm: [by_seed[s] - finals["colocated"][s] for s in seeds] for arm, by_seed in finals.items()
+             if arm != "colocated"}
+    p_two = {arm: verdicts.paired(d).p_two_sided() for arm, d in diffs.items()}
+    adjusted = verdicts.holm(p_two)
+    out = {}
+    for arm, d in diffs.items():
+        v = verdicts.verdict(d, margin, alpha=look["alpha"], p_adjusted=adjusted[arm], planned_sd=test["planned_sd"],
+                             power=test.get("power", 0.9))
+        if v["verdict"] == "inconclusive" and not look["final"]:
+            v["why"] += f" (interim look at {look['seeds']} seeds: continue)"
+        out[arm] = {**v, "endpoint_mean": statistics.fmean(finals[arm][s] for s in seeds)}
+    return out
+
+
+def trained(runs: dict[str, dict[int, dict[str, Any]]], seeds: range) -> dict[str, Any]:
+    """Per arm: partial ratio, version lag and trained lengths (mean, shift against colocated's, KS)."""
+    def hist(cell: dict[str, Any]) -> dict[str, list[int]]:
+        return cell.get("ledger", {}).get("length_hist_by_lag") or {}
+
+    out = {}
+    for arm, by_seed in runs.items():
+        cs = [by_seed[s] for s in seeds]
+        ledgers = [c.get("ledger", {}) for c in cs]
+        row: dict[str, Any] = {"partial_rollout": any(c.get("partial_rollout") for c in cs),
+                               "partial_ratio": statistics.fmean(c.get("partial_ratio") or 0.0 for c in cs),
+                               "version_lag_max": max(c.get("version_lag_max") or 0 for c in cs)}
+        if all("length_mean" in x for x in ledgers):
+            row["length_mean"] = statistics.fmean(x["length_mean"] for x in ledgers)
+            row["length_p90"] = statistics.fmean(x["length_p90"] for x in ledgers)
+            ref = [runs["colocated"][s] for s in seeds]
+            if all(hist(c) for c in cs + ref):
+                row["ks_vs_colocated"] = statistics.fmean(ks_distance(hist(a), hist(b)) for a, b in zip(cs, ref))
+        out[arm] = row
+    if "length_mean" in out["colocated"]:
+        for row in out.values():
+            if "length_mean" in row:
+                row["length_shift"] = row["length_mean"] / out["colocated"]["length_mean"] - 1
+    return out
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The markdown verdict table of one study."""
+    if summary.get("look") is None:
+        return f"{summary['study']}: {summary['verdicts']} ({summary['admitted']} cells admitted)"
+    lines = [f"{summary['study']}: look at {summary['look']['seeds']} seeds (alpha {summary['look']['alpha']}), "
+             f"margin {summary['margin']['margin']:.3f}; colocated's slope {summary['plateau']}", "",
+             "| arm | endpoint | vs colocated | 90% CI | verdict | partial ratio | lag max | length shift |",
+             "|---|---|---|---|---|---|---|---|"]
+    for arm, v in summary["arms"].items():
+        t = summary["trained"][arm]
+        shift = f"{t['length_shift']:+.0%}" if "length_shift" in t else "-"
+        lines.append(f"| {arm} | {v['endpoint_mean']:.3f} | {v.get('mean_diff', 0):+.3f} | "
+                     f"[{v['ci90'][0]:+.3f}, {v['ci90'][1]:+.3f}] | {v['verdict']} | {t['partial_ratio']:.2f} | "
+                     f"{t['version_lag_max']} | {shift} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("protocol", type=Path)
+    ap.add_argument("--plan", action="store_true", help="list the cells and what stops them, run nothing")
+    ap.add_argument("--report", action="store_true", help="only summarise the recorded cells")
+    ap.add_argument("--runs-dir", type=Path, default=Path("/tmp/asyncrl-study"))
+    ap.add_argument("--timeout-s", type=float, default=1800)
+    args = ap.parse_args(argv)
+    protocol = load_protocol(args.protocol)
+    out = RESULTS / f"study_{protocol.body['study']}.jsonl"
+    if args.plan:
+        print(f"{len(cells(protocol))} cells, budget {protocol.body['budget_cpu_hours']} CPU-hours")
+        print("\n".join(ready(protocol)) or "ready")
+        return
+    if not args.report:
+        run(protocol, out, args.runs_dir, args.timeout_s)
+    summary = summarize(protocol, load(out))
+    out.with_name(f"study_{protocol.body['study']}_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(table(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""bench/protocol.py and bench/study.py: a pre-registered protocol admits only its own cells, started
+after its commit, and the study summary reports the protocol's verdicts on synthetic cells."""
+
+from __future__ import annotations
+
+import subprocess
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.protocol import (
+    Protocol,
+    ProtocolError,
+    check_model,
+    content_hash,
+    load,
+    model_key,
+    ready,
+    refusal,
+    set_field,
+)
+from bench.study import cell_args, cells, summarize
+
+BODY = {
+    "study": "synthetic", "budget_cpu_hours": 1,
+    "model": {"path": "tiny", "cache_key": None, "weights_sha256": None},
+    "task": {"name": "longtail_partial", "keys": ["data.val_size=32"]},
+    "settings": {"steps": 20, "batch": 4, "n": 8, "val_every": 10, "val_size": 256},
+    "lr": 1e-4,
+    "arms": [{"name": "colocated", "mode": "colocated"}, {"name": "one_step_off", "mode": "one_step_off"},
+             {"name": "fa_partial", "mode": "fa_partial", "keys": ["actor.ppo_mini_batch_size=2"]},
+             {"name": "stream_trainer", "mode": "stream_trainer"}],
+    "control": "stream_trainer", "seeds": 6,
+    "endpoint": {"score": "val/score/mean", "window_prompts": [100, 200]},
+    "margin": {"rise_fraction": 0.15, "fewer_samples": None},
+    "test": {"alpha": 0.05, "planned_sd": 0.02, "looks": [{"seeds": 6, "alpha": 0.05}]},
+    "partial_rollout": {"min_ratio": 0.3},
+}
+COMMITTED = datetime(2026, 11, 29, 4, 0, tzinfo=timezone.utc)
+NOISE = [0.01, -0.012, 0.004, -0.006, 0.009, -0.003]
+
+
+def protocol(body: dict = BODY) -> Protocol:
+    return Protocol(Path("synthetic.yaml"), body, content_hash(body), "c0ffee", COMMITTED)
+
+
+def cell(arm: str, seed: int, shift: float, **extra: object) -> dict:
+    """A finished cell whose endpoint (the mean of its validations at 100 and 200 prompts) is
+    colocated's 0.5 + NOISE[seed] plus `shift`, from 0.2 before training (a rise of ~0.3)."""
+    end = 0.5 + NOISE[seed % 6] + shift
+    p = protocol()
+    return {"arm": arm, "seed": seed, "protocol_hash": p.hash, "protocol_commit": "c0ffee",
+            "started_at": (COMMITTED + timedelta(minutes=5)).isoformat(), "partial_rollout": arm == "fa_partial",
+            "partial_ratio": 0.5 if arm == "fa_partial" else 0.0, "version_lag_max": 2 if arm == "fa_partial" else 0,
+            "points": [{"samples": x, "score": y, "wall_s": x / 10} for x, y in ((0, 0.2), (100, end), (200, end))],
+            **extra}
+
+
+def study_cells() -> list[dict]:
+    out = []
+    for s in range(6):
+        out += [cell("colocated", s, 0.0), cell("stream_trainer", s, 0.0005 * (-1) ** s),
+                cell("fa_partial", s, [0.004, -0.003, 0.002, -0.005, 0.003, 0.0][s]), cell("one_step_off", s, -0.1)]
+    return out
+
+
+def test_a_cell_counts_only_under_its_protocol_after_its_commit() -> None:
+    p = protocol()
+    assert refusal(cell("colocated", 0, 0.0), p) is None
+    assert "another protocol" in str(refusal({**cell("colocated", 0, 0.0), "protocol_hash": "x"}, p))
+    assert "another protocol" in str(refusal({k: v for k, v in cell("colocated", 0, 0.0).items()
+                                              if k != "protocol_hash"}, p))  # an exploratory cell
+    early = cell("colocated", 0, 0.0, started_at=(COMMITTED - timedelta(seconds=1)).isoformat())
+    assert refusal(early, p) == "started before the protocol's commit"
+    assert "failed" in str(refusal({**cell("colocated", 0, 0.0), "points": [], "error": "timeout"}, p))
+
+
+def test_a_partial_rollout_cell_that_never_interrupted_is_rejected() -> None:
+    never = cell("fa_partial", 0, 0.0, partial_ratio=0.0, version_lag_max=1)
+    assert refusal(never, protocol()) == ("partial rollout did not fire: partial_ratio 0.00 < 0.3 "
+                                          "(partial_rollout.min_ratio)")
+    assert refusal(cell("fa_partial", 0, 0.0, partial_ratio=0.31), protocol()) is None
+    # a task without the floor, or an arm without partial rollout, is not held to it
+    assert refusal(cell("colocated", 0, 0.0), protocol()) is None
+
+
+def test_the_summary_reports_each_arm_as_the_protocol_defines_it() -> None:
+    results = study_cells() + [cell("fa_partial", 7, 0.0, partial_ratio=0.02),
+                               {**cell("colocated", 8, 0.0), "protocol_hash": "older"}]
+    s = summarize(protocol(), results)
+    assert s["admitted"] == 24
+    assert {(r["arm"], r["seed"]) for r in s["refused"]} == {("fa_partial", 7), ("colocated", 8)}
+    assert s["look"] == {"seeds": 6, "alpha": 0.05, "final": True}
+    # colocated rises from 0.2 to 0.5 + mean(NOISE) = 0.500333: margin 0.15 x 0.300333
+    assert s["margin"]["margin"] == pytest.approx(0.15 * 0.3003333, rel=1e-5, abs=1e-8)
+    arms = s["arms"]
+    assert (arms["fa_partial"]["verdict"], arms["one_step_off"]["verdict"]) == ("equivalent", "worse")
+    assert arms["stream_trainer"]["verdict"] == "equivalent"
+    assert s["control"]["contains_0"] and s["control"]["no_wider_than_margin"]
+    assert s["trained"]["fa_partial"]["partial_ratio"] == pytest.approx(0.5, rel=1e-12, abs=1e-12)
+    assert s["trained"]["fa_partial"]["version_lag_max"] == 2
+    # one arm short of the look's seeds: no verdict yet
+    short = summarize(protocol(), [c for c in results if not (c["arm"] == "one_step_off" and c["seed"] == 5)])
+    assert short["look"] is None and "no look reached" in short["verdicts"]
+
+
+def test_an_arm_runs_the_protocol_settings_with_its_own_keys_last() -> None:
+    from bench.convergence import overrides
+
+    args = cell_args(protocol(), "fa_partial", Path("/tmp/x"), 60)
+    keys = overrides("fa_partial", "longtail_partial", 3, args)
+    assert keys[-3:] == ["data.val_size=32", "actor.ppo_mini_batch_size=2", "actor.lr=0.0001"]
+    assert "data.train_batch_size=4" in keys and "rollout.total_rollout_steps=80" in keys
+    assert cells(protocol())[:4] == [("colocated", 0), ("one_step_off", 0), ("fa_partial", 0), ("stream_trainer", 0)]
+
+
+def git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                   capture_output=True)
+
+
+def test_the_protocol_commit_survives_a_comment_fix_and_readiness_names_the_fixes(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(BODY))
+    assert load(path).commit is None
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "p.yaml")
+    git(tmp_path, "commit", "-qm", "protocol")
+    first = load(path)
+    assert first.commit is not None and first.hash == content_hash(BODY)
+    problems = ready(first)
+    assert len(problems) == 1 and "bench/protocol.py pin" in problems[0]
+    path.write_text("# a comment fixed later\n" + path.read_text())
+    assert any("commit" in p for p in ready(load(path)))
+    git(tmp_path, "commit", "-qam", "comment")
+    assert load(path).commit == first.commit  # the content, hence the protocol, did not change
+    set_field(path, "cache_key", "tiny-abc")
+    git(tmp_path, "commit", "-qam", "pin")
+    assert load(path).commit != first.commit
+
+
+def test_pinning_rewrites_the_field_and_keeps_comments(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("model:\n  path: tiny\n  cache_key: null   # filled by pin\n  weights_sha256: null\n")
+    set_field(path, "cache_key", "tiny-0123")
+    assert path.read_text().splitlines()[2] == "  cache_key: tiny-0123   # filled by pin"
+    with pytest.raises(ProtocolError, match="no line `lr:`"):
+        set_field(path, "lr", "1e-4")
+    # a pin made before the warm-up changed: refused from the key alone (torch never imported)
+    model = {"path": "tiny-longtail", "cache_key": "tiny_longtail-000000000000", "weights_sha256": "ab"}
+    assert model_key("tiny-longtail").startswith("tiny_longtail-")
+    assert "the warm-up changed since the pin" in check_model(protocol({**BODY, "model": model}))[0]
+
+
+def test_a_protocol_missing_a_key_or_overspending_alpha_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in BODY.items() if k != "margin"}))
+    with pytest.raises(ProtocolError, match="missing margin"):
+        load(path, git=False)
+    looks = {**BODY["test"], "looks": [{"seeds": 3, "alpha": 0.03}, {"seeds": 6, "alpha": 0.03}]}
+    path.write_text(yaml.safe_dump({**BODY, "test": looks}))
+    with pytest.raises(ProtocolError, match="spend alpha 0.06"):
+        load(path, git=False)
