@@ -31,6 +31,11 @@ def test_reward_rises_with_all_three_remedies(tiny_cache, tmp_path):
     rows = run_pipeline(tmp_path, "stream_trainer.enable=true", "tail_batching.enable=true",
                         "reward_scheduler.enable=true", "actor.ppo_mini_batch_size=32",
                         "trainer.total_training_steps=40", "trainer.test_freq=20")
-    val = val_scores(rows)
-    assert len(val) == 3 and max(val[1:]) >= val[0] + 0.05, val
+    val, train = val_scores(rows), [r["critic/score/mean"] for r in rows if "critic/score/mean" in r]
+    # learning where it is robust (issue 34): the training reward's first and last 6 updates (32 prompts
+    # x 8 responses each; a window's mean has a standard error of about 0.013 here) must rise by 3 of
+    # those; measured +0.079 with AVX-512 kernels and +0.104 with AVX2 on the pinned tiny model. One
+    # held-out validation (128 prompts) swings by +-0.04 from the next, so it need only not fall.
+    assert len(train) == 40 and sum(train[-6:]) / 6 >= sum(train[:6]) / 6 + 0.04, train
+    assert len(val) == 3 and max(val[1:]) >= val[0], val
     assert any(r.get("tail_batching/long_round") == 1.0 for r in rows)
