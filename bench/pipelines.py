@@ -274,10 +274,15 @@ def earlier(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     return held.get("results", []), held.get("failed", [])
 
 
+def chosen(args: argparse.Namespace) -> list[str]:
+    """The configurations this invocation runs, in their table's order."""
+    return [n for n in (GPU_CONFIGS if args.gpu else CONFIGS) if not args.only or n in args.only.split(",")]
+
+
 def run_all(args: argparse.Namespace, root: Path) -> list[dict]:
     """Each chosen configuration in a fresh directory under `root`, written as it finishes."""
     configs = GPU_CONFIGS if args.gpu else CONFIGS
-    names = [n for n in configs if not args.only or n in args.only.split(",")]
+    names = chosen(args)
     device = [*ON_GPU, f"model.path={qwen_body(root)}"] if args.gpu else []
     results, failed = earlier(args)
     for name in names:
@@ -304,6 +309,8 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         results = run_all(args, root)
     print(table(results, args))
+    failed = [f["config"] for f in earlier(argparse.Namespace(out=args.out, merge=True))[1]]
+    sys.exit(1 if set(failed) & set(chosen(args)) else 0)  # a failed configuration fails the session's step
 
 
 if __name__ == "__main__":
