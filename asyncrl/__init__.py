@@ -15,9 +15,24 @@ rollout engine's forward calls `torch.nn.functional.rms_norm`, new in 2.4. The r
 `scaled_dot_product_attention(scale=)` 2.1, `torch.load(weights_only=)` 1.13."""
 
 
+def version_tuple(version: str, parts: int = 2) -> tuple[int, ...]:
+    """The first `parts` numbers of a version string, to compare as a tuple (strings compare
+    "2.11" < "2.5"). The one place asyncrl reads a version; compare with `torch_at_least`.
+
+    Example: "2.11.0+cu130" -> (2, 11); "2.4.0a0+git1234" -> (2, 4); "10.0", 3 -> (10, 0)."""
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:parts])
+
+
+def torch_at_least(*need: int) -> bool:
+    """Whether the installed torch is at least `need` (`torch_at_least(2, 5)`), compared as tuples."""
+    import torch
+
+    return version_tuple(torch.__version__, len(need)) >= need
+
+
 def check_torch(version: str) -> None:
     """Raise ImportError naming the fix if torch `version` ("2.13.0+cu128") is below MIN_TORCH."""
-    found = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+    found = version_tuple(version)
     if found < MIN_TORCH:
         need = ".".join(map(str, MIN_TORCH))
         raise ImportError(f"asyncrl needs torch>={need}, found torch {version}: pip install 'torch>={need}' "

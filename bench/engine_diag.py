@@ -9,8 +9,9 @@
   runs. What it leaves out, KV moves and host work, is the gap between it and the engine.
 - `bandwidth_bound_s` is the memory-bandwidth bound of a step: the weights read once plus the
   real KV of its rows, at the device's HBM bandwidth.
-- `kernels_per_decode_step` counts the device kernels of one decode step with torch.profiler
-  (on the CPU: the aten ops, the proxy the issue names).
+- `kernels_per_decode_step` counts the device kernels of one replay of the engine's own decode
+  graph, sampling included, with torch.profiler (on the CPU: the aten ops, the proxy the issue names).
+- `capture_seconds` sums the decode and prefill graphs' capture time, which a steady run excludes.
 
 Timing only; correctness lives in tests/rollout and tests/gpu. Nothing here changes the engine.
 """
@@ -121,16 +122,30 @@ def graph_sets(runner: Any) -> list[Any]:
             if g is not None and hasattr(g, "replay_s")]
 
 
-def own_mix_floor(runner: Any, iters: int, budget_s: float) -> dict[str, Any]:
-    """Sum over captured graphs of (times it ran) x (its replay time), replayed `iters` times each,
-    the most-run first, until `budget_s` is spent; graphs left untimed are counted at the mean time
-    of the timed ones of their set and reported."""
+def capture_seconds(runner: Any) -> float:
+    """Seconds spent capturing graphs so far, decode and prefill alike (a run's steady time excludes them)."""
+    return sum(g.capture_s for g in graph_sets(runner))
+
+
+def step_counts(runner: Any) -> list[Counter[Any]]:
+    """Each graph set's steps per key so far (`own_mix_floor(since=...)` takes one taken before a run)."""
+    return [Counter(g.steps) for g in graph_sets(runner)]
+
+
+def own_mix_floor(runner: Any, iters: int, budget_s: float, since: list[Counter[Any]] | None = None) -> dict[str, Any]:
+    """Sum over captured graphs of (times it ran since `since`, a `step_counts` taken before the
+    run measured; else ever) x (its replay time), replayed `iters` times each, the most-run first,
+    until `budget_s` is spent; graphs left untimed are counted at the mean time of the timed ones
+    of their set and reported. `own_mix_steps`: the steps counted."""
     start = time.perf_counter()
-    floor_s, timed, untimed = 0.0, 0, 0
-    for graphs in graph_sets(runner):
+    floor_s, timed, untimed, counted = 0.0, 0, 0, 0
+    sets = graph_sets(runner)
+    for graphs, before in zip(sets, since or [Counter() for _ in sets], strict=True):
         times: list[float] = []
         left: list[int] = []
-        for key, count in graphs.steps.most_common():
+        ran = graphs.steps - before
+        counted += sum(ran.values())
+        for key, count in ran.most_common():
             if time.perf_counter() - start < budget_s:
                 with torch.inference_mode():  # the engine's tensors are inference tensors
                     seconds = graphs.replay_s(key, iters)
@@ -142,24 +157,41 @@ def own_mix_floor(runner: Any, iters: int, budget_s: float) -> dict[str, Any]:
         if left and times:
             floor_s += sum(left) * statistics.fmean(times)
         untimed += len(left)
-    return dict(own_mix_floor_s=floor_s, graphs_timed=timed, graphs_untimed=untimed,
+    return dict(own_mix_floor_s=floor_s, own_mix_steps=counted, graphs_timed=timed, graphs_untimed=untimed,
                 own_mix_floor_measure_s=time.perf_counter() - start)
 
 
-def kernels_per_decode_step(step: Callable[[], None], device: torch.device) -> dict[str, int]:
-    """Device kernels one call of `step` launches (CUDA), or the aten ops it dispatches (CPU)."""
+def kernels_per_decode_step(graphs: Any, key: tuple[int, int], device: torch.device) -> dict[str, Any]:
+    """Device kernels of one replay of the engine's own decode graph for `key` (sampling inside it
+    included), counted by torch.profiler; where the profiler sees no kernel inside a replay, the
+    same step's calls run eagerly (what the graph captured), and `kernels_counted_on` says which.
+    On the CPU (nothing captured): the aten ops the eager step dispatches, the proxy the issue names."""
+    if device.type != "cuda":
+        events = profiled(graphs.step_of(key), device)
+        return dict(aten_ops_per_decode_step=sum(1 for e in events if e.name.startswith("aten::")
+                                                 and e.cpu_parent is None), kernels_counted_on="eager step (CPU)")
+    kernels = cuda_kernels(profiled(graphs.step_of(key), device))
+    counted_on = "graph replay"
+    if not kernels:
+        kernels, counted_on = cuda_kernels(profiled(graphs.step_of(key, eager=True), device)), "eager step"
+    return dict(kernels_per_decode_step=kernels, kernels_counted_on=counted_on)
+
+
+def profiled(step: Callable[[], None], device: torch.device) -> list[Any]:
+    """The profiler's events of one call of `step`, after one unprofiled call (lazy initialisation)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch.inference_mode():  # the engine's tensors are inference tensors
-        step()  # warm: lazy initialisation is not part of a step
+        step()
         with profile(activities=activities) as prof:
             step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-    events = prof.events()
-    if device.type == "cuda":
-        kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-        return dict(kernels_per_decode_step=kernels)
-    aten = sum(1 for e in events if e.name.startswith("aten::") and e.cpu_parent is None)
-    return dict(aten_ops_per_decode_step=aten)
+    return list(prof.events())
+
+
+def cuda_kernels(events: list[Any]) -> int:
+    """Kernels among a profile's device events (copies and memsets are not kernels)."""
+    return sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.startswith(("Memcpy", "Memset", "memcpy", "memset")))

@@ -7,23 +7,25 @@ Workload (issue 13): a Qwen2-0.5B-shaped model (transformers Qwen2Config: hidden
 is exactly its drawn `max_tokens`), temperature 1, no top-k/p.
 
 Per max batch (`--batches`, 64 and 256):
-- floor: one `BatchedForward.decode` step of that many rows over a static KV cache, every row at
+- floor: after the engine's runs, the engine's own decode step of that many rows (its forward as
+  the run's settings built it, `--off` included, and the sampling inside its graph), every row at
   the workload's mean context length (token-weighted: the mean context a generated token sees),
-  captured in a CUDA graph and replayed; tokens/s = batch / step time. No sampling, no prefill,
-  no scheduling, no long tail: the most a decode-only engine could do at a full batch.
+  replayed from its CUDA graph; tokens/s = batch / step time. No prefill, no scheduling, no long
+  tail: the most this decode path could do at a full batch.
 - engine: `TorchEngine` (CUDA graphs, KV cache sized by `gpu_memory_utilization`) on every
   request at once: generated tokens / wall time. The first run on an engine captures its graphs
-  (once per (bucket, attention length) key, timed); the headline, `engine_tokens_per_s`, is the
-  steady state: the last run's tokens / (its wall time - the capture time spent in it). With
+  (decode and prefill, timed); the headline, `engine_tokens_per_s`, is the steady state: the last
+  run's tokens / (its wall time - the decode and prefill capture time spent in it). With
   `--engine-runs 2` the second run replays only, which checks that subtraction.
 - HF generate: `--hf-requests` requests in one left-padded batch, lengths capped at `--hf-cap`,
   `min_new_tokens = max_new_tokens` (EOS ignored), stopped after `--hf-time-s` seconds
   (`max_time`, 5 s on CUDA); useful tokens (each row's requested tokens reached) / wall time.
 - Where the engine's time goes (`bench/engine_diag.py`): the steps by kind (decode only, with a
   prefill, with KV moves: count, seconds, ms per step) and the number that carried a prefill;
-  the own-mix floor (every captured graph replayed, times the number of steps that ran it: what
-  the run's own mix of steps costs with no KV moves and no host work); kernels per decode step
-  (torch.profiler; aten ops on the CPU); the memory-bandwidth bound of the run's decode steps
+  the own-mix floor (every captured graph replayed, times the number of steps that ran it in the
+  last run: what that run's own mix of steps costs with no KV moves and no host work); kernels per
+  decode step (torch.profiler over a replay of the floor's graph; aten ops on the CPU); the
+  memory-bandwidth bound of the run's decode steps
   (weights once per step plus each row's real KV, at the card's HBM bandwidth); time to first
   token p50/p99.
 - `--off PART[,PART]` (or `all`) turns issue 24's engine parts off (`PARTS`), for A/B runs of
@@ -65,16 +67,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from asyncrl.compute import compute_thread, pin_threads  # noqa: E402
 from asyncrl.rollout import EngineSettings, TorchEngine, run_sync  # noqa: E402
-from asyncrl.rollout.forward import BatchedForward  # noqa: E402
+from asyncrl.rollout.sampler import SamplingMode  # noqa: E402
 from asyncrl.types import GenerationRequest, SamplingParams, Trajectory  # noqa: E402
 from bench.engine import left_padded  # noqa: E402
 from bench.engine_diag import (  # noqa: E402
     StepLog,
     bandwidth_bound_s,
+    capture_seconds,
     hbm_bytes_per_s,
     kernels_per_decode_step,
     kv_bytes_per_token,
     own_mix_floor,
+    step_counts,
     weight_bytes,
 )
 
@@ -140,41 +144,24 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def floor(model: Qwen2ForCausalLM, batch: int, context: int, device: torch.device, iters: int) -> dict[str, float]:
-    """Decode steps of `batch` rows at position `context - 1` over a static cache, replayed from
-    one CUDA graph (eager on the CPU): batch / step time."""
-    forward = BatchedForward(model)
-    cache = forward.new_cache(batch, device)
-    cache.static = True
-    cache.allocate(context)
-    tokens = torch.randint(1, forward.vocab_size, (batch,), device=device)
-    positions = torch.full((batch,), context - 1, dtype=torch.int64, device=device)
-    out = torch.empty(batch, forward.vocab_size, dtype=torch.float32, device=device)
-
-    def step() -> None:
-        forward.decode(cache, tokens, positions, length=context, out=out)
-
+def engine_floor(runner: Any, batch: int, context: int, params: SamplingParams, iters: int) -> dict[str, Any]:
+    """The engine's own full-batch decode step, every row at position `context - 1`, replayed from
+    its graph (its forward as the run's settings built it, the sampling inside the graph; eager on
+    the CPU): batch / step time, and the kernels one replay launches. Run after the engine's runs:
+    it writes cache positions and counts a step of its own."""
+    graphs = runner.graphs
+    rows = min(batch, runner.max_num_seqs)
+    positions = [context - 1] * rows
+    mode = SamplingMode.of([params] * rows)
     with torch.inference_mode():
-        step()  # warm-up (lazy kernels, cuBLAS handles)
-        if device.type == "cuda":
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                step()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step()
-            step = graph.replay
-        synchronize(device)
-        start = time.perf_counter()
-        for _ in range(iters):
-            step()
-        synchronize(device)
-        seconds = (time.perf_counter() - start) / iters
-    eager_step = lambda: forward.decode(cache, tokens, positions, length=context, out=out)  # noqa: E731
-    return dict(floor_step_ms=seconds * 1e3, floor_tokens_per_s=batch / seconds,
-                **kernels_per_decode_step(eager_step, device))
+        runner.cache.reserve(rows, context)  # the CPU's cache grows with its rows; a GPU's is sized already
+        graphs(positions, mode)  # captured here if the run never had a full batch (CUDA)
+        key = graphs.key(positions)
+        seconds = graphs.replay_s(key, iters)
+    forward = runner.forward
+    return dict(floor_step_ms=seconds * 1e3, floor_tokens_per_s=rows / seconds, floor_rows=rows, floor_key=list(key),
+                floor_forward=dict(fused=forward.fused, attention=forward.attention),
+                **kernels_per_decode_step(graphs, key, runner.device))
 
 
 def run_engine(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: int, device: torch.device,
@@ -191,14 +178,14 @@ def run_engine(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: in
     useful = sum(r.params.max_tokens for r in reqs)
     walls, steady = [], []
     for run in range(args.engine_runs):
-        capture_before = graphs.capture_s
+        capture_before, counts_before = capture_seconds(runner), step_counts(runner)
         steps = StepLog()
         detach = steps.attach(runner)
         t0 = time.perf_counter()
         outs = run_sync(engine, reqs)
         walls.append(time.perf_counter() - t0)
         detach()
-        steady.append(walls[-1] - (graphs.capture_s - capture_before))
+        steady.append(walls[-1] - (capture_seconds(runner) - capture_before))  # decode and prefill captures
         assert [len(o.response_ids) for o in outs] == [r.params.max_tokens for r in reqs]
         log(f"  engine batch {batch} run {run}: {walls[-1]:.1f} s ({steady[-1]:.1f} s without captures), "
             f"{useful / steady[-1]:,.0f} tok/s, {steps.decode_steps} decode steps, "
@@ -207,13 +194,15 @@ def run_engine(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: in
     kv = runner.kv_plan
     row = dict(engine_tokens_per_s=useful / steady[-1], engine_seconds=steady[-1],
                engine_first_run_tokens_per_s=useful / walls[0], engine_first_run_seconds=walls[0],
-               captures=graphs.captures, capture_s=graphs.capture_s,
+               captures=graphs.captures, capture_s=capture_seconds(runner),
                mean_decode_rows=useful / max(steps.decode_steps, 1),
                kv_slots=runner.max_num_seqs, kv_cache_gib=None if kv is None else kv.kv_bytes / 2**30,
                max_model_len=max_model_len, **steps.summary(), **first_token_percentiles(outs))
     row.update({f"kv_bytes_per_step_{k}": v for k, v in graphs.kv_bytes_per_step().items()})  # real, padded, read
-    row.update(on(compute, own_mix_floor, runner, args.floor_iters // 10 or 1, args.floor_budget_s))
+    # the last run's own mix of steps (counts since it started), then the full-batch floor, both on its graphs
+    row.update(on(compute, own_mix_floor, runner, args.floor_iters // 10 or 1, args.floor_budget_s, counts_before))
     row["engine_vs_own_mix_floor"] = row["own_mix_floor_s"] / steady[-1] if row["own_mix_floor_s"] else None
+    row.update(on(compute, engine_floor, runner, batch, mean_context(reqs), reqs[0].params, args.floor_iters))
     if args.hbm_bytes_per_s:
         dtype = next(model.parameters()).dtype
         row["bandwidth_bound_s"] = bandwidth_bound_s(weight_bytes(model), kv_bytes_per_token(model, dtype),
@@ -312,14 +301,14 @@ def one_batch(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: int
     context = mean_context(reqs)
     row: dict[str, Any] = dict(batch=batch, off=args.off, mean_context=context,
                                useful_tokens=sum(r.params.max_tokens for r in reqs))
-    row.update(on(compute, floor, model, batch, context, device, args.floor_iters))
+    row.update(run_engine(model, reqs, batch, device, args, compute))
     if args.hbm_bytes_per_s:  # the full-batch graph against its bound (issue 24: within 3x)
         kv_token = kv_bytes_per_token(model, next(model.parameters()).dtype)
-        bound = bandwidth_bound_s(weight_bytes(model), kv_token, batch * context, 1, args.hbm_bytes_per_s)
+        bound = bandwidth_bound_s(weight_bytes(model), kv_token, row["floor_rows"] * context, 1, args.hbm_bytes_per_s)
         row.update(floor_bandwidth_bound_ms=1e3 * bound, floor_vs_bound=row["floor_step_ms"] / (1e3 * bound))
     log(f"floor batch {batch}: {row['floor_step_ms']:.2f} ms/step, {row['floor_tokens_per_s']:,.0f} tok/s, "
-        f"{row.get('kernels_per_decode_step', row.get('aten_ops_per_decode_step'))} kernels (ops) per step")
-    row.update(run_engine(model, reqs, batch, device, args, compute))
+        f"{row.get('kernels_per_decode_step', row.get('aten_ops_per_decode_step'))} kernels (ops) per step "
+        f"({row['kernels_counted_on']}), forward {row['floor_forward']}")
     row["engine_vs_floor"] = row["engine_tokens_per_s"] / row["floor_tokens_per_s"]
     log(f"batch {batch} (off: {','.join(args.off) or 'none'}): engine {row['engine_tokens_per_s']:,.0f} tok/s, "
         f"{row['engine_vs_own_mix_floor'] or 0:.0%} of its own-mix floor, step kinds "

@@ -16,6 +16,10 @@ outlives its turn (on the first GPU run a stopped colocated run wrote its checkp
 configuration's directory, which then "resumed" at its last step and trained nothing). The results
 file is rewritten after every configuration; a configuration that fails, times out or trains
 nothing goes under "failed" with the tail of its stderr, and the next one runs.
+`--merge` keeps what the results file (and `--steps-out`) already hold and adds to them, so that
+separate invocations (the GPU session's colocated, then one_step_off) fill one file. `--steps-out`
+writes each configuration's per-step `timing_s/*` and `perf/*` metrics (`update_actor`,
+`old_log_prob`, MFU ...), from a stopped or failed run too: the steps it logged.
 `actor.ppo_micro_batch_tokens` is passed only with `--micro-tokens N` (default: the device's
 budget; `--micro-tokens 8192` reproduces the runs before it was derived); `--override KEY=VALUE`
 adds a key to every configuration.
@@ -159,11 +163,30 @@ def launch(cmd: list[str], out: Path, timeout_s: float) -> None:
         raise RunFailed(f"timed out after {timeout_s:.0f} s" if rc is None else f"exit status {rc}")
 
 
+STEP_PREFIXES = ("timing_s/", "perf/")
+"""The per-step metrics `--steps-out` keeps: where a step's time goes, and the trainer's MFU."""
+
+
+def metric_rows(out: Path) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl, one dict per line (a line cut short by a kill is left out)."""
+    metrics = out / "metrics.jsonl"
+    rows = []
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            rows.append(json.loads(line))
+    return rows
+
+
+def step_metrics(out: Path) -> list[dict[str, Any]]:
+    """Each logged training step's `timing_s/*` and `perf/*` values, with its step number."""
+    return [{"step": r.get("step", i + 1), **{k: v for k, v in r.items() if k.startswith(STEP_PREFIXES)}}
+            for i, r in enumerate(r for r in metric_rows(out) if "timing_s/step" in r)]
+
+
 def run(name: str, overrides: list[str], out: Path, timeout_s: float) -> dict[str, Any]:
     start = time.perf_counter()
     launch(train_command(out, overrides), out, timeout_s)
-    metrics = out / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    rows = metric_rows(out)
     steps = [r for r in rows if "timing_s/step" in r]
     wall = sum(r["timing_s/step"] for r in steps)
     trained = int(sum(r.get("training/responses", 0) for r in steps))
@@ -220,35 +243,58 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="", help="default: bench/results/pipelines.json (--gpu: pipelines_gpu.json)")
     p.add_argument("--runs-dir", default="", help="keep each run's outputs here (default: a temp dir)")
     p.add_argument("--gpu", action="store_true", help="one GPU, a Qwen2-0.5B-shaped body (see above)")
+    p.add_argument("--merge", action="store_true", help="add to the results already in --out (and --steps-out)")
+    p.add_argument("--steps-out", default="", help="JSON: each configuration's per-step timing_s/* and perf/*")
     args = p.parse_args(argv)
     args.out = args.out or str(ROOT / "bench" / "results" / ("pipelines_gpu.json" if args.gpu else "pipelines.json"))
     return args
 
 
 def write(args: argparse.Namespace, results: list[dict], failed: list[dict]) -> None:
-    """The results so far, replacing the file whole (a stopped bench leaves what had finished)."""
-    out = Path(args.out)
+    """The results so far, replacing the file whole (a stopped bench leaves what had finished);
+    with `--steps-out`, every configuration's steps beside them."""
+    replace_json(Path(args.out), {"args": vars(args), "results": results, "failed": failed})
+    if args.steps_out:
+        replace_json(Path(args.steps_out), {r["config"]: r["step_metrics"] for r in [*results, *failed]})
+
+
+def replace_json(out: Path, value: Any) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps({"args": vars(args), "results": results, "failed": failed}, indent=1))
+    tmp.write_text(json.dumps(value, indent=1))
     tmp.replace(out)
+
+
+def earlier(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """With `--merge`, the results and failures the results file already holds (else none)."""
+    out = Path(args.out)
+    if not args.merge or not out.exists():
+        return [], []
+    held = json.loads(out.read_text())
+    return held.get("results", []), held.get("failed", [])
+
+
+def chosen(args: argparse.Namespace) -> list[str]:
+    """The configurations this invocation runs, in their table's order."""
+    return [n for n in (GPU_CONFIGS if args.gpu else CONFIGS) if not args.only or n in args.only.split(",")]
 
 
 def run_all(args: argparse.Namespace, root: Path) -> list[dict]:
     """Each chosen configuration in a fresh directory under `root`, written as it finishes."""
     configs = GPU_CONFIGS if args.gpu else CONFIGS
-    names = [n for n in configs if not args.only or n in args.only.split(",")]
+    names = chosen(args)
     device = [*ON_GPU, f"model.path={qwen_body(root)}"] if args.gpu else []
-    results: list[dict] = []
-    failed: list[dict] = []
+    results, failed = earlier(args)
     for name in names:
         overrides = [*common(args), *device, *configs[name]]
         out = fresh_dir(root, name)
         try:
-            results.append(run(name, overrides, out, args.timeout_s) | {"overrides": overrides, "run_dir": str(out)})
+            results.append(run(name, overrides, out, args.timeout_s)
+                           | {"overrides": overrides, "run_dir": str(out), "step_metrics": step_metrics(out)})
             print(json.dumps(results[-1]), flush=True)
         except RunFailed as e:
-            failed.append(failure(name, e, out) | {"overrides": overrides, "run_dir": str(out)})
+            failed.append(failure(name, e, out)
+                          | {"overrides": overrides, "run_dir": str(out), "step_metrics": step_metrics(out)})
             print(f"{name}: FAILED, {e}; stderr ends:", *failed[-1]["stderr_tail"][-5:], sep="\n  ", flush=True)
         write(args, results, failed)
     return results
@@ -263,6 +309,8 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         results = run_all(args, root)
     print(table(results, args))
+    failed = [f["config"] for f in earlier(argparse.Namespace(out=args.out, merge=True))[1]]
+    sys.exit(1 if set(failed) & set(chosen(args)) else 0)  # a failed configuration fails the session's step
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ TRAINER_TEXT = [
     "resolves). The defaults run first whatever `--time-budget-s`; the A/B configurations (grouped attention at "
     "CALL_COST 8192, budget 8192, autocast, compiled or eager: whichever the device's defaults are not, "
     "checkpointing, padded) run while the longest configuration so far (less its compile, paid once per process) "
-    "still fits, else they are listed as skipped, as is one whose key this tree lacks. MFU (verl) is verl's "
+    "still fits, else they are listed as skipped, as is one whose key this tree lacks; one that raises is listed "
+    "as failed with its error, and the next runs. MFU (verl) is verl's "
     "estimate (6 x params with embedding and head x tokens + 12 x sum s^2 attention) over the GPU's bf16 peak; "
     "MFU (executed) counts what runs (no embedding, the head on response tokens only, causal attention pairs, "
     "recomputation under checkpointing: `telemetry.perf.executed_training_flops`). Forward is the step minus every "
@@ -342,7 +343,7 @@ def trainer_section(run: tuple[dict[str, Any], list[dict[str, Any]]] | None, dev
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["status"] != "ran":
-            out.append(f"| {r['config']} | skipped: {r['reason']} | | | | | | | | |")
+            out.append(f"| {r['config']} | {r['status']}: {r['reason']} | | | | | | | | |")
             continue
         split = " / ".join(f"{r[k]:.3f}" for k in ("forward_s_median", "backward_s_median", "optimizer_s_median"))
         memory = r.get("peak_memory_gb", r.get("peak_rss_gb"))

@@ -17,7 +17,8 @@ parameters under autocast instead of bf16 ones over float32 masters; bf16 only),
 as skipped), `packed+ckpt`, `padded`), each only if the time the longest configuration so far
 took, less its compile (paid once per process: later configurations reuse the compiled layers),
 still fits in `--time-budget-s`, else recorded as skipped; a configuration whose key this tree
-does not have is recorded as skipped with the config error. Each configuration builds its own model, takes one
+does not have is recorded as skipped with the config error; one that raises (a dynamo error, out of
+memory) is recorded as failed with its error, and the next one runs. Each configuration builds its own model, takes one
 warm-up step (the packed-attention path it ran read from `packed_attention.PATHS`), then
 `--steps` timed steps, and frees the model before the next.
 
@@ -69,7 +70,7 @@ from asyncrl.algorithms import compute_advantage
 from asyncrl.config import Config, load_config
 from asyncrl.errors import ConfigError
 from asyncrl.pipelines.setup import trainer_device
-from asyncrl.scheduling.plan import plan_run
+from asyncrl.scheduling.plan import plan_run, torch_compile
 from asyncrl.telemetry.perf import ModelShape, executed_training_flops, peak_flops, training_flops
 from asyncrl.training import packed_attention
 from asyncrl.training.actor import Actor
@@ -81,6 +82,7 @@ from asyncrl.workers.trainer import PPOTrainer
 from bench.engine import ForeignLoad
 
 GB = 1024**3
+DEVICES = ("cpu", "cuda")
 MODELS: dict[str, dict[str, Any]] = {
     "qwen2-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                        intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
@@ -102,8 +104,8 @@ class Setup:
     """Runs whatever the time budget (the configurations a run gets without overrides)."""
     call_cost: int | None = None
     """The grouped path's call cost in token pairs for this configuration (`pinned_call_cost`)."""
-    default_on: str | None = None
-    """The device whose defaults already are this configuration: skipped there."""
+    default_on: tuple[str, ...] = ()
+    """The devices whose defaults already are this configuration: skipped there."""
 
 
 SETUPS = (
@@ -112,8 +114,10 @@ SETUPS = (
           call_cost=8192),
     Setup("budget8192", ("actor.ppo_micro_batch_tokens=8192",), "the CPU-sized budget of 8192 tokens"),
     Setup("autocast", ("model.mixed_precision=autocast",), "float32 parameters under torch.autocast (bf16 runs)"),
-    Setup("compiled", ("actor.use_torch_compile=true",), "decoder layers through torch.compile", default_on="cuda"),
-    Setup("eager", ("actor.use_torch_compile=false",), "decoder layers eager", default_on="cpu"),
+    Setup("compiled", ("actor.use_torch_compile=true",), "decoder layers through torch.compile",
+          default_on=tuple(d for d in DEVICES if torch_compile(None, d))),
+    Setup("eager", ("actor.use_torch_compile=false",), "decoder layers eager",
+          default_on=tuple(d for d in DEVICES if not torch_compile(None, d))),
     Setup("packed+ckpt", ("model.enable_gradient_checkpointing=true",), "activation checkpointing"),
     Setup("padded", ("model.use_remove_padding=false",), "padded micro-batches, no packing"),
 )
@@ -258,10 +262,15 @@ def measure(args: argparse.Namespace, cfg: Config, batch: TrainBatch) -> dict[st
                compile_s=warmup_compile["perf/compile_s"], **timed_compiles(compiling.report()),
                **rates(actor, cfg, batch, steps), **peak_memory(device))
     del actor
+    free_device_memory(device)
+    return row
+
+
+def free_device_memory(device: torch.device) -> None:
+    """What the last configuration held goes back before the next one builds its model."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return row
 
 
 def timed_compiles(report: dict[str, float]) -> dict[str, float]:
@@ -319,7 +328,7 @@ def append(path: Path, row: dict[str, Any]) -> None:
 def line(row: dict[str, Any]) -> str:
     """One printed line per configuration."""
     if row["status"] != "ran":
-        return f"{row['config']}: skipped ({row['reason']})"
+        return f"{row['config']}: {row['status']} ({row['reason']})"
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     memory = row.get("peak_memory_gb", row.get("peak_rss_gb"))
     return (f"{row['config']}: {row['tokens_per_s']:,.0f} tok/s, step {row['step_s_median']:.3f} s "
@@ -360,7 +369,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         began = time.perf_counter()
         try:
             cfg = run_config(args, setup)
-            if setup.default_on == args.device:
+            if args.device in setup.default_on:
                 raise SkipSetup(f"the defaults on {args.device} are this configuration")
             if not setup.default and longest > left:
                 raise SkipSetup(f"time budget: ~{longest:.0f} s needed, {max(left, 0):.0f} s left")
@@ -368,6 +377,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row |= dict(status="ran", **measure(args, cfg, batch))
         except (ConfigError, SkipSetup) as e:
             row |= dict(status="skipped", reason=str(e).splitlines()[0])
+        except Exception as e:  # a failing configuration (a dynamo error, an OOM) is a result; the next one runs
+            row |= dict(status="failed", reason=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:500])
+            free_device_memory(torch.device(args.device))
         # a compile is paid once per process: later configurations reuse the compiled layers
         longest = max(longest, time.perf_counter() - began - row.get("compile_s", 0.0))
         append(out, row)

@@ -36,6 +36,20 @@ def test_check_torch(version: str, ok: bool) -> None:
             asyncrl.check_torch(version)
 
 
+@pytest.mark.parametrize(("version", "parts", "expected"), [("2.11.0+cu130", 2, (2, 11)), ("2.4.0a0+git1", 2, (2, 4)),
+                                                            ("2.13.0", 3, (2, 13, 0)), ("10.0", 2, (10, 0))])
+def test_versions_compare_as_tuples(version: str, parts: int, expected: tuple[int, ...]) -> None:
+    assert asyncrl.version_tuple(version, parts) == expected
+    assert asyncrl.version_tuple("2.11.0") > asyncrl.version_tuple("2.5")  # as strings, "2.11" < "2.5"
+
+
+def test_the_prefill_uses_grouped_sdpa_on_this_torch() -> None:
+    """torch 2.13 has `enable_gqa` (2.5+): padded prefills and prefix-cache hits do not repeat K/V heads."""
+    from asyncrl.rollout import prefill
+
+    assert asyncrl.torch_at_least(2, 5) and prefill._SDPA_GQA
+
+
 def test_ray_is_an_extra() -> None:
     assert not any(r.startswith("ray") for r in PYPROJECT["dependencies"])
     assert requirement("ray", "ray").startswith("ray>=")

@@ -247,7 +247,7 @@ class ActorConfig:
     is_cap: float = knob(2.0, "> 0")
     """Truncation cap of those importance weights."""
     use_torch_compile: bool | None = None
-    """torch.compile each decoder layer (actor and reference); null = by device: on for CUDA, off on CPU."""
+    """torch.compile each decoder layer (actor and reference); null = off (CPU: measured; CUDA: until measured)."""
 
 
 @dataclass(frozen=True)

@@ -128,16 +128,13 @@ class BucketedDecode:
         """One decode step of the rows in slots 0..B-1 at `positions`, each fed its slot's last
         sampled token, sampled under `mode` into the sampler's `tokens` and `logprobs`."""
         b = len(positions)
-        size = next(s for s in self.sizes if s >= b)
-        # the kernel reads each row's length from the inputs: no length in the key, one graph per bucket
-        length = 0 if self._reads_length else attention_length(max(positions), self.cache.capacity)
+        size, length = key = self.key(positions)
         host = torch.zeros(size, 2, dtype=torch.int64)  # padding rows: the last position, length 0
         host[b:, 0] = self.cache.capacity - 1
         host[:b, 0] = torch.tensor(positions, dtype=torch.int64)
         host[:b, 1] = host[:b, 0] + 1
         copy_from_host(self._inputs[:size], host)
         self.kv_reads.add(positions, size, self.cache.capacity)
-        key = (size, length)
         self.steps[key] += 1
         self._modes[key] = mode
         if not self.capture:
@@ -147,6 +144,12 @@ class BucketedDecode:
         if graph is None or generation != self.cache.generation:
             graph = self._capture(size, length, mode)
         graph.replay()
+
+    def key(self, positions: Sequence[int]) -> tuple[int, int]:
+        """The (bucket, attention length) key of a step of rows at `positions`; the length is 0 where
+        the kernel reads each row's length from the inputs (one graph per bucket)."""
+        size = next(s for s in self.sizes if s >= len(positions))
+        return size, 0 if self._reads_length else attention_length(max(positions), self.cache.capacity)
 
     def _run(self, size: int, length: int, mode: SamplingMode) -> None:
         inputs, logits = self._inputs[:size], self._logits[:size]
@@ -186,10 +189,16 @@ class BucketedDecode:
         """Mean seconds of one replay of `key`'s step (its graph on CUDA, eager on the CPU), for the
         engine bench's own-mix floor. Replays rewrite the cache positions that step wrote: run it
         only after the engine is done with the cache."""
+        return mean_seconds(self.step_of(key), iters, self.cache.device if self.capture else None)
+
+    def step_of(self, key: tuple[int, int], *, eager: bool = False) -> Callable[[], None]:
+        """`key`'s last step again, sampling included: its graph's replay on CUDA (unless `eager`:
+        the calls it captured, run eagerly), else the eager step. For the engine bench; it rewrites
+        the cache positions that step wrote."""
         mode = self._modes[key]
-        graph = self._graphs[(*key, mode)][0] if self.capture else None
-        return mean_seconds(graph.replay if graph is not None else lambda: self._run(*key, mode), iters,
-                            self.cache.device if self.capture else None)
+        if self.capture and not eager:
+            return self._graphs[(*key, mode)][0].replay
+        return lambda: self._run(*key, mode)
 
 
 MIN_PREFILL_TOKENS = 64

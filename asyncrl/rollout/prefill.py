@@ -32,11 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from asyncrl import torch_at_least
 from asyncrl.training import attention_kernels as kernels
 
 PrefillPath = Literal["padded", "varlen", "jagged", "rows"]
 _HALF = (torch.bfloat16, torch.float16)
-_SDPA_GQA = torch.__version__ >= "2.5"  # scaled_dot_product_attention(enable_gqa=...)
+_SDPA_GQA = torch_at_least(2, 5)  # scaled_dot_product_attention(enable_gqa=...)
 
 
 def prefill_path(device: torch.device, dtype: torch.dtype) -> PrefillPath:

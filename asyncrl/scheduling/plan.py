@@ -119,11 +119,13 @@ def plan_run(cfg: Config, device: str | None = None, trainer_device: TrainerDevi
 
 
 def torch_compile(key: bool | None, device: str) -> bool:
-    """`actor.use_torch_compile`: as set, else on for CUDA (what verl's default of true leads a GPU
-    user to expect; still to be measured there, docs/gpu.md) and off on a CPU (measured on the
-    2-core CPU: the compile costs about 25 steps' saving, more than a CPU run or test takes;
-    docs/training.md)."""
-    return key if key is not None else device == "cuda"
+    """`actor.use_torch_compile`: as set, else off on every device. On a CPU measured: the compile
+    costs about 25 steps' saving, more than a CPU run or test takes (docs/training.md). On CUDA off
+    until a GPU measurement says otherwise (docs/gpu.md): a 20-60 s cold compile in every fresh
+    process, not yet run on torch 2.11 / transformers 5.17, against a gain not yet measured; the
+    GPU session's trainer bench runs the `compiled` row beside the default one to decide it."""
+    del device  # the same default everywhere until the GPU measurement; the argument stays for it
+    return bool(key)
 
 
 def _micro_batch_budgets(cfg: Config, device: str, trainer_device: TrainerDevice | None) -> tuple[int, int, str]:

@@ -80,6 +80,24 @@ def test_every_configuration_gets_a_fresh_directory_and_never_resumes(fake_runs,
         assert "trainer.resume_mode=disable" in json.loads((d / "argv.json").read_text())
 
 
+def test_merged_invocations_fill_one_results_file_and_keep_each_runs_steps(fake_runs, tmp_path, monkeypatch):
+    """The GPU session runs colocated, then one_step_off, as separate invocations into one file;
+    a failed run's steps are kept too, and the invocation whose configuration failed exits 1."""
+    out, steps = tmp_path / "res.json", tmp_path / "steps.json"
+    codes = []
+    for only in ("ok", "crash"):
+        argv = ["--runs-dir", str(tmp_path), "--out", str(out), "--only", only, "--merge", "--steps-out", str(steps)]
+        monkeypatch.setattr(sys, "argv", ["pipelines.py", *argv])
+        with pytest.raises(SystemExit) as stopped:
+            pipelines.main()
+        codes.append(stopped.value.code)
+    saved = json.loads(out.read_text())
+    assert codes == [0, 1]
+    assert [r["config"] for r in saved["results"]] == ["ok"] and [f["config"] for f in saved["failed"]] == ["crash"]
+    ok = [{"step": 1, "timing_s/step": 0.5}, {"step": 2, "timing_s/step": 0.5}]
+    assert json.loads(steps.read_text()) == {"ok": ok, "crash": []}
+
+
 def test_the_budget_is_passed_only_when_asked():
     assert not any("ppo_micro_batch_tokens" in o for o in pipelines.common(pipelines.parse([])))
     asked = pipelines.common(pipelines.parse(["--micro-tokens", "8192", "--override", "model.dtype=float32"]))

@@ -53,6 +53,29 @@ def test_ab_configurations_past_the_time_budget_are_recorded_as_skipped(tmp_path
     assert eager["status"] == "skipped" and eager["reason"] == "the defaults on cpu are this configuration"
 
 
+def test_a_failing_configuration_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch):
+    measure = bench.measure
+
+    def crashing(args, cfg, batch):  # type: ignore[no-untyped-def]
+        if cfg.actor.ppo_micro_batch_tokens == 8192:
+            raise RuntimeError("dynamo: an op it cannot trace\nsecond line")
+        return measure(args, cfg, batch)
+
+    monkeypatch.setattr(bench, "measure", crashing)
+    out = tmp_path / "tt.jsonl"
+    bench.run(bench.parse([*TINY, "--configs", "packed,budget8192,padded", "--time-budget-s", "1e6",
+                           "--out", str(out)]))
+    _, packed, budget, padded = rows(out)
+    assert budget["status"] == "failed" and budget["reason"] == "RuntimeError: dynamo: an op it cannot trace"
+    assert packed["status"] == padded["status"] == "ran"
+
+
+def test_the_compile_rows_follow_the_default_so_cuda_runs_the_compiled_one():
+    setups = {s.name: s for s in bench.SETUPS}
+    assert setups["eager"].default_on == ("cpu", "cuda")  # compile is off by default everywhere until measured
+    assert setups["compiled"].default_on == ()
+
+
 class FakeEvent:
     """torch.cuda.Event on the host clock, elapsed in milliseconds as CUDA's."""
 

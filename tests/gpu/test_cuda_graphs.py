@@ -58,18 +58,23 @@ def test_a_replay_after_a_weight_load_uses_the_new_weights():
     eng.close()
 
 
-def test_replays_across_attention_length_keys_equal_eager_decoding():
+@pytest.mark.parametrize(("attention", "lengths"), [("triton", {0}), ("matmul", {128, 256, 320})])
+def test_replays_across_graph_keys_equal_eager_decoding(attention, lengths):
+    """CUDA's default split-KV kernel reads each row's length from the inputs: one key per bucket,
+    its length part 0; the matmul path keys by attention length too, capped at the capacity, 320."""
     model = on_gpu()
     reqs = long_requests()
-    eager = run_sync(TorchEngine(model, EOS, EngineSettings(device="cuda", static_decode=False)), reqs)
-    eng = TorchEngine(model, EOS, EngineSettings(device="cuda", max_model_len=320, max_num_seqs=4))
+    eager = run_sync(TorchEngine(model, EOS, EngineSettings(device="cuda", static_decode=False,
+                                                            decode_attention=attention)), reqs)
+    eng = TorchEngine(model, EOS, EngineSettings(device="cuda", max_model_len=320, max_num_seqs=4,
+                                                 decode_attention=attention))
     graphs = eng._runner.graphs
     first = run_sync(eng, reqs)
     assert [o.response_ids for o in first] == [o.response_ids for o in eager]
     for g, w in zip(first, eager):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-4)
     keys = set(graphs.steps)
-    assert {length for _, length in keys} == {128, 256, 320}  # capped at the capacity, 320
+    assert {length for _, length in keys} == lengths
     assert graphs.captures == len(keys)  # each key once, lazily
     again = run_sync(eng, reqs)
     assert [o.response_ids for o in again] == [o.response_ids for o in eager]

@@ -18,9 +18,13 @@ from asyncrl.errors import ConfigError
 from asyncrl.models.tensors import checksum, export_named
 from asyncrl.rollout import run_sync
 from asyncrl.rollout.forward import BatchedForward, _rope
+from asyncrl.rollout.graphs import BucketedDecode
 from asyncrl.rollout.kernels import use_fused_decode
+from asyncrl.rollout.kernels.decode_attention import split_count, target_programs
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.merged import aliases
+from asyncrl.rollout.sampler import DeviceSampler
+from asyncrl.types import SamplingParams
 from tests.rollout import triton_interpret  # the interpreter's fixes for the attention kernel
 from tests.rollout.launch_counts import LaunchCounter
 from tests.rollout.rollout_testlib import (
@@ -214,9 +218,16 @@ def test_fused_decode_key_resolves_by_device(monkeypatch: pytest.MonkeyPatch) ->
         use_fused_decode("on", cpu)
 
 
+CACHE_POSITIONS = 256
+"""The counted step's cache capacity: long enough for the split-KV kernel to split these rows
+(`split_count`: 4 chunks of 64 positions), so its combine kernel launches, as on a GPU."""
+
+
 def launches(arch: str, layers: int, *, fused: bool) -> LaunchCounter:
-    """Launches of one decode step (3 rows) of a `layers`-deep tiny `arch` model, bf16; fused
-    with the split-KV attention, as on a GPU, else today's unfused step."""
+    """Launches of what a captured decode step runs (3 rows of a `layers`-deep tiny `arch` model,
+    bf16): the forward and the sampling into the sampler's buffers (`BucketedDecode._run`, at
+    temperature 1 as the engine bench samples); fused with the split-KV attention, as on a GPU,
+    else today's unfused step."""
     config = tiny_config(arch)
     config.num_hidden_layers = layers
     torch.manual_seed(0)
@@ -224,17 +235,26 @@ def launches(arch: str, layers: int, *, fused: bool) -> LaunchCounter:
     fwd = BatchedForward(model, fused=fused, attention="triton" if fused else "matmul")
     cache = fwd.new_cache(max_slots=4, device="cpu")
     assert isinstance(cache, SlotKVCache)
-    cache.reserve(4, 16)
-    out = torch.empty(3, fwd.vocab_size)
-    counter = LaunchCounter()
-    with torch.inference_mode(), counter.triton_launches(), counter:
-        fwd.decode(cache, torch.tensor([1, 2, 3]), torch.tensor([3, 4, 5]), length=8, out=out)
+    cache.static = True
+    cache.reserve(4, CACHE_POSITIONS)
+    assert split_count(3, fwd.kv_heads, cache.capacity, target_programs(cache.device)) > 1  # the combine runs
+    sampler = DeviceSampler(4, cache.device)
+    mode = sampler.set_rows([1, 2, 3], [SamplingParams(max_tokens=8, temperature=1.0)] * 3)
+    sampler.set_positions([3, 4, 5])
+    graphs = BucketedDecode(fwd, cache, 3, sampler, capture=False)
+    with torch.inference_mode():
+        graphs([3, 4, 5], mode)  # the inputs' host-to-device copy is outside a graph: not counted
+        step = graphs.step_of(graphs.key([3, 4, 5]))
+        counter = LaunchCounter()
+        with counter.triton_launches(), counter:
+            step()
     return counter
 
 
 def test_kernel_launches_per_decode_layer_and_step() -> None:
-    """Qwen3 (every part, q/k norms too). Per layer: a 2-layer step less a 1-layer step; per step at
-    Qwen2-0.5B's depth: the 1-layer step plus 23 more layers (launches do not depend on width)."""
+    """Qwen3 (every part, q/k norms too), the combine kernel and the in-graph sampling counted. Per
+    layer: a 2-layer step less a 1-layer step; per step at Qwen2-0.5B's depth: the 1-layer step
+    plus 23 more layers (launches do not depend on width)."""
     arch, counts = "qwen3", {}
     for fused in (False, True):
         one, two = launches(arch, 1, fused=fused), launches(arch, 2, fused=fused)
@@ -243,5 +263,8 @@ def test_kernel_launches_per_decode_layer_and_step() -> None:
         print(f"{arch} {'fused' if fused else 'unfused (today)'}: {per_layer} launches per layer "
               f"({dict(two.aten - one.aten)}, {two.triton - one.triton} Triton), {counts[fused][1]} per "
               f"{DEPTH}-layer step")
+        if fused:  # two RMSNorms, rotary + cache write, split-KV attention and its combine, SiLU-mul
+            assert two.triton - one.triton == 6
+        assert one.aten["searchsorted"] == 1  # the inverse-CDF sampling is part of the counted step
     assert counts[True][0] <= MAX_LAYER_LAUNCHES and counts[True][1] <= MAX_STEP_LAUNCHES
     assert counts[False][0] > 3 * MAX_LAYER_LAUNCHES  # today's step: not a vacuous comparison

@@ -35,9 +35,9 @@ def test_the_precision_path_is_resolved_once_and_named_in_the_start_line(overrid
     assert f"forward-only, precision {describe(path)}, layers" in plan.line()
 
 
-@pytest.mark.parametrize(("key", "device", "compiled"), [(None, "cpu", False), (None, "cuda", True),
+@pytest.mark.parametrize(("key", "device", "compiled"), [(None, "cpu", False), (None, "cuda", False),
                                                         (True, "cpu", True), (False, "cuda", False)])
-def test_torch_compile_resolves_by_device_unless_set(key, device, compiled):
+def test_torch_compile_is_off_unless_set_on_every_device_until_a_gpu_measurement(key, device, compiled):
     overrides = [] if key is None else [f"actor.use_torch_compile={str(key).lower()}"]
     plan = plan_run(load_config(None, overrides), device)
     assert plan.torch_compile is compiled

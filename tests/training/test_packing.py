@@ -31,7 +31,7 @@ from asyncrl.training.logits import response_log_probs, response_logits
 from asyncrl.training.lora import apply_lora
 from asyncrl.training.memory import enable_gradient_checkpointing
 from asyncrl.training.packed_attention import NAME
-from asyncrl.training.packing import check_packing, pack, unpack
+from asyncrl.training.packing import check_packing, pack, packing_tolerance, unpack
 from asyncrl.types import Group
 from tests.tolerances import Lockstep, assert_same_steps
 from tests.training.helpers import episode_groups, gradient_terms, groups_of_lengths, make_ragged_groups, tiny_lm
@@ -292,6 +292,24 @@ def test_a_model_that_cannot_pack_is_refused_naming_the_key(model):
     Actor(model(), ActorConfig(), temperature=1.0, norm_length=4, use_remove_padding=False)
     check_packing(tiny_lm())
     check_packing(tiny_lm().model, logits=False)
+
+
+class RowDependentRoundingLM(PositionBlindLM):
+    """A bf16 LM whose packed call rounds differently from a row alone (one or two bf16 ulps), as
+    row-dependent cuBLAS kernels do; it packs correctly."""
+
+    def forward(self, input_ids, position_ids=None, **kwargs):
+        out = self.lm(input_ids=input_ids, position_ids=position_ids, **kwargs)
+        if len(kwargs.get("cu_seq_lens_q", ())) > 2:  # two rows packed
+            out.logits = (out.logits.float() * (1 + 2**-8)).to(out.logits.dtype)
+        return out
+
+
+def test_check_packing_allows_bf16_rounding_and_still_refuses_rows_that_attend_to_each_other():
+    assert packing_tolerance(torch.float32) == 1e-3 and packing_tolerance(torch.bfloat16) == 4 * 2**-7
+    check_packing(RowDependentRoundingLM().to(torch.bfloat16))
+    with pytest.raises(ConfigError, match="lets packed rows attend to each other"):
+        check_packing(PositionBlindLM().to(torch.bfloat16))
 
 
 def test_workers_that_pack_run_packed_attention():

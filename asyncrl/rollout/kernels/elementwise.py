@@ -98,8 +98,10 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, q_ptr, k_cache
                        qkv_stride, cs_stride, pos_stride, k_slot, k_head, k_pos, v_slot, v_head, v_pos, eps,
                        H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr,
                        BLOCK: tl.constexpr):
-    row = tl.program_id(0)  # row b lives in cache slot b
-    head = tl.program_id(1)  # 0..H-1: a query head; H..H+HKV-1: a key head (and its value head)
+    # int64: `row * k_slot` passes 2^31 elements once a layer's cache view does (128 slots of a
+    # 32K-position Qwen2-7B cache), and int32 would wrap into another slot's memory
+    row = tl.program_id(0).to(tl.int64)  # row b lives in cache slot b
+    head = tl.program_id(1).to(tl.int64)  # 0..H-1: a query head; H..H+HKV-1: a key head (and its value head)
     half = D // 2
     cols = tl.arange(0, BLOCK)
     inside = cols < half
