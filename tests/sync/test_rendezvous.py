@@ -62,6 +62,7 @@ def test_a_one_host_sync_group_meets_through_a_file_store(monkeypatch: pytest.Mo
         monkeypatch.delenv(var, raising=False)  # keep_local sets them; undone after the test
     path, tag, got = new_store_path(), uuid.uuid4().hex[:8], [0.0, 0.0]
     exposed: list[tuple[str, int]] = []
+    before = set(tcp_listeners(os.getpid()))  # this process's own (a Ray driver's, in the suite)
     joined = threading.Barrier(2)
 
     def rank_main(rank: int) -> None:
@@ -72,7 +73,8 @@ def test_a_one_host_sync_group_meets_through_a_file_store(monkeypatch: pytest.Mo
             broadcast(get_collective(name), value).wait()
             got[rank] = float(value.item())
             if rank == 0:
-                exposed.extend(a for a in tcp_listeners(os.getpid()) if not is_loopback(a[0]))
+                exposed.extend(a for a in tcp_listeners(os.getpid())
+                               if not is_loopback(a[0]) and a not in before)
             joined.wait(30)
         finally:
             destroy_collective(name)
