@@ -180,6 +180,9 @@ def _restart_rules(cfg: Config) -> None:
 
 def _multi_turn_rules(cfg: Config) -> None:
     m, r = cfg.rollout.multi_turn, cfg.rollout
+    if r.agent.entrypoint and m.episode:
+        raise ConfigError(f"rollout.agent.entrypoint={r.agent.entrypoint!r} and rollout.multi_turn.episode="
+                          f"{m.episode!r} both name the episode: keep one of them")
     if m.enable and r.ignore_eos:
         raise ConfigError("rollout.multi_turn.enable ends each model turn at its end-of-turn token: set "
                           "rollout.ignore_eos=false")
