@@ -80,3 +80,14 @@ def test_a_template_that_rewrites_past_assistant_turns_starts_a_new_chain():
     first = call(s, [QUESTION])
     call(s, [QUESTION, *follow_up(first)])
     assert len(s.book.chains) == 2 and s.book.counters["template_rewrites"] == 1
+
+
+def test_a_message_sent_back_reshaped_by_a_client_still_continues_the_chain():
+    s = session()
+    first = call(s, [QUESTION])
+    body, tool = follow_up(first)
+    args = json.loads(body["tool_calls"][0]["function"]["arguments"])
+    body = {**body, "content": [], "tool_calls": [{**body["tool_calls"][0], "function": {
+        "name": "calculator", "arguments": json.dumps(args, indent=2)}}]}  # other spacing, content as parts
+    call(s, [QUESTION, body, tool])
+    assert len(s.book.chains) == 1
