@@ -58,3 +58,18 @@ async def tool_loop_unscored(row, client):
     """`tool_loop`, leaving the score to the run's reward function."""
     await tool_loop(row, client)
     return None
+
+
+BEFORE_CALL: list = []
+"""Callables run before each call of `two_calls` (a test's hook: request a stop mid-run)."""
+
+
+async def two_calls(row, client):
+    """Two calls of one conversation (a user reply between them), scored by the run's reward function."""
+    messages = list(row["prompt"])
+    for _ in range(2):
+        for hook in BEFORE_CALL:
+            hook()
+        done = await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
+        messages += [done.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "sure?"}]
+    return None
