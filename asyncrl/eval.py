@@ -94,7 +94,8 @@ def run_eval(cfg: Config, generations: Path | None = None) -> EvalReport:
 
     start = time.perf_counter()
     model, tok = load_model(cfg.model, logger.info)
-    rows, data = val_rows(prompt_data(cfg.data, cfg.rollout.multi_turn, cfg.sandbox), cfg.seed, tok, logger.warning)
+    rows, data = val_rows(prompt_data(cfg.data, cfg.rollout.multi_turn, cfg.sandbox,
+                                       cfg.rollout.agent.entrypoint), cfg.seed, tok, logger.warning)
     server = build_rollout_server(cfg, 0, model, tok)
     try:
         metrics, groups = asyncio.run(evaluate(server, rows, cfg.rollout.val_n))

@@ -38,11 +38,12 @@ def episode_from_config(mt: MultiTurnConfig, tokenizer: Any, *, sandbox: Sandbox
     return ToolEpisode(mt, tools, parse_tool_calls, MessageTemplate(tokenizer, "tool", template_kwargs))
 
 
-def prompt_data(data: DataConfig, mt: MultiTurnConfig, sandbox: SandboxConfig) -> DataConfig:
+def prompt_data(data: DataConfig, mt: MultiTurnConfig, sandbox: SandboxConfig, agent: str = "") -> DataConfig:
     """`data` whose prompts list the built-in tool episode's tools: their schemas go to the chat
     template as `tools` (a `data.chat_template_kwargs` entry), as verl's tool agent loop templates
-    its prompts; unchanged for single turn and custom episodes (they template their own)."""
-    if not mt.enable or mt.episode:
+    its prompts; unchanged for single turn, custom episodes and agents (`agent`:
+    rollout.agent.entrypoint; they template their own)."""
+    if not mt.enable or mt.episode or agent:
         return data
     from asyncrl.tools import ToolRegistry
 

@@ -5,7 +5,8 @@ every message of the conversation (assistant turns + tool/user turns + the promp
 are ours: `num_turns/assistant_mean` (model turns), `tool_calls/mean|max` per episode,
 `tool_calls/errors`, `tool_calls/truncated` and `tool_calls/limited` (refused past
 max_tool_calls) summed over the step, `tool_calls/turn_limited` (episodes ended by a turn
-limit), `tool_calls/time_s` (tool seconds summed) and `tool_calls/time_s_mean` (per call).
+limit), `tool_calls/time_s` (tool seconds summed) and `tool_calls/time_s_mean` (per call);
+an agent's counters (`agent/calls`, `agent/chains`, `agent/retokenized_tokens`, ...) summed.
 Single-turn trajectories (no counters) yield nothing.
 """
 
@@ -36,4 +37,5 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
             "tool_calls/errors": total("tool_errors"), "tool_calls/truncated": total("tool_truncated"),
             "tool_calls/limited": total("tool_limited"), "tool_calls/turn_limited": total("turn_limited"),
             "tool_calls/time_s": total("tool_time_s"),
-            "tool_calls/time_s_mean": total("tool_time_s") / max(sum(calls), 1.0)}
+            "tool_calls/time_s_mean": total("tool_time_s") / max(sum(calls), 1.0)} | {
+                k: total(k) for k in sorted({k for e in episodes for k in e if k.startswith("agent/")})}

@@ -105,6 +105,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
     cfg = build(Config, raw, prefix="")
+    if cfg.rollout.agent.entrypoint and not cfg.rollout.multi_turn.enable:  # an agent's episodes are multi-turn
+        mt = dataclasses.replace(cfg.rollout.multi_turn, enable=True)
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, multi_turn=mt))
     validate(cfg)
     return cfg
 

@@ -136,6 +136,20 @@ class MultiTurnConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    entrypoint: str = ""
+    """An agent written for the OpenAI API, "module:function" or "file.py:function"; turns agent episodes on."""
+    timeout_s: float = knob(300.0, "> 0")
+    """Seconds an agent episode may run; past it the agent is cancelled, counted, and its episode scores 0."""
+    host: str = "127.0.0.1"
+    """Where the endpoint listens for agents given a base_url: loopback (another address only for Ray across nodes)."""
+    max_request_bytes: int = knob(1_048_576, ">= 1")
+    """Bytes of one chat-completions request body at most (413 past it)."""
+    max_concurrent_calls: int = knob(4, ">= 1")
+    """Model calls of one episode in flight at once at most (429 past it)."""
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     n: int = knob(8, ">= 1")
     """Responses sampled per prompt (the group size)."""
@@ -194,6 +208,8 @@ class RolloutConfig:
     """Fully async: validate every N weight versions (0 = off)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn, tool-calling episodes (docs/agents.md)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Bring your own agent: one written for the OpenAI API, trained through an episode endpoint (docs/agents.md)."""
 
 
 @dataclass(frozen=True)

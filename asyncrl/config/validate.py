@@ -180,6 +180,9 @@ def _restart_rules(cfg: Config) -> None:
 
 def _multi_turn_rules(cfg: Config) -> None:
     m, r = cfg.rollout.multi_turn, cfg.rollout
+    if r.agent.entrypoint and m.episode:
+        raise ConfigError(f"rollout.agent.entrypoint={r.agent.entrypoint!r} and rollout.multi_turn.episode="
+                          f"{m.episode!r} both name the episode: keep one of them")
     named = [f"rollout.multi_turn.{k}={v!r}" for k, v in (("tool_config_path", m.tool_config_path),
                                                            ("episode", m.episode)) if v]
     if named and not m.enable:

@@ -18,6 +18,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from asyncrl.agents.build import episode_from_config, message_template_kwargs, prompt_data
+from asyncrl.agents.episode import Episode
 from asyncrl.config.schema import Config
 from asyncrl.data import load_rows
 from asyncrl.data.held_out import prompt_rows, val_rows
@@ -44,7 +45,8 @@ from asyncrl.workers.trainer import PPOTrainer
 
 def load_data(cfg: Config, tok: PreTrainedTokenizerBase,
                log: Callable[[str], None]) -> tuple[list[PromptRow], list[PromptRow]]:
-    d = prompt_data(cfg.data, cfg.rollout.multi_turn, cfg.sandbox)  # the tool episode's prompts list its tools
+    # the tool episode's prompts list its tools
+    d = prompt_data(cfg.data, cfg.rollout.multi_turn, cfg.sandbox, cfg.rollout.agent.entrypoint)
 
     def prompts(rows: list[PromptRow], source: str) -> list[PromptRow]:
         return prompt_rows(rows, d, tok, source, log)
@@ -78,9 +80,19 @@ def build_rollout_server(cfg: Config, index: int = 0, model: PreTrainedModel | N
     reward = RewardWorker(tok, cfg.reward, window=cfg.data.train_batch_size * cfg.rollout.n, sandbox=cfg.sandbox,
                           scheduler=cfg.reward_scheduler, max_response_length=cfg.data.max_response_length,
                           reward_model=reward_model)
-    episode = episode_from_config(cfg.rollout.multi_turn, tok, sandbox=cfg.sandbox,
-                                  template_kwargs=message_template_kwargs(cfg.data))
+    episode = agent_episode(cfg) if cfg.rollout.agent.entrypoint else episode_from_config(
+        cfg.rollout.multi_turn, tok, sandbox=cfg.sandbox, template_kwargs=message_template_kwargs(cfg.data))
     return RolloutServer(engine, requests, reward, score_each=cfg.reward_scheduler.enable, episode=episode)
+
+
+def agent_episode(cfg: Config) -> Episode:
+    """The episode of `rollout.agent.entrypoint` (imported here: starlette and openai load only for it)."""
+    from asyncrl.agents.gateway import AgentEpisode
+
+    return AgentEpisode(cfg.rollout.agent, cfg.rollout.multi_turn, max_prompt_tokens=cfg.data.max_prompt_length,
+                        template_kwargs=message_template_kwargs(cfg.data),
+                        max_failure_ratio=cfg.reward.max_failure_ratio,
+                        window=cfg.data.train_batch_size * cfg.rollout.n)
 
 
 def eos_ids(model: PreTrainedModel, tok: PreTrainedTokenizerBase) -> list[int]:

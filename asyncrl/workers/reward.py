@@ -92,6 +92,11 @@ class RewardWorker:
 
         Raises RewardError (after setting them) when too many recent rewards failed.
         """
+        mine = [i for i, t in enumerate(trajectories) if not t.reward_status.startswith(AGENT_SCORED)]
+        if len(mine) < len(trajectories):  # an agent scored these (or failed): kept as they are
+            rows, trajectories = [rows[i] for i in mine], [trajectories[i] for i in mine]
+            if not mine:
+                return
         texts = self.tokenizer.batch_decode([list(t.response_ids) for t in trajectories], skip_special_tokens=True)
         if self.code_timeouts is not None:
             rows = [self.code_timeouts.attach(r) for r in rows]
@@ -180,6 +185,8 @@ class RewardWorker:
             self.functions.close()
 
 
+AGENT_SCORED = "agent"
+"""Statuses of rewards an agent set (`asyncrl.agents.gateway`): agent, agent_error, agent_timeout, ..."""
 CALL_SLACK_S = 5.0
 """A code call's deadline over the sum of its tests' timeouts: interpreter and sandbox start-up."""
 PER_TEST = ("test_pass/", "test_s/")
