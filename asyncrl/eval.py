@@ -22,7 +22,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 from asyncrl.config.schema import Config
 from asyncrl.errors import ConfigError
-from asyncrl.fsutil import atomic_write_text
+from asyncrl.fsutil import atomic_write_text, nearest_unwritable
 from asyncrl.telemetry.generations import GENERATIONS_FILE, pick, records, write_generations
 from asyncrl.telemetry.val_metrics import validation_metrics
 from asyncrl.types import Group, PromptRow
@@ -70,17 +69,9 @@ def check_eval(cfg: Config, out: Path | None = None) -> None:
 def check_writable(path: Path, option: str) -> None:
     """`path` can be written: the nearest directory of it that exists takes a new file (so a
     read-only one fails now, not after the generation work)."""
-    existing = path.absolute().parent
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{option} {path}: {existing} is a file, not a directory")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"{option} {path}: cannot write in {existing} ({exc.strerror or exc}); "
-                          f"give a writable path") from None
+    _, problem = nearest_unwritable(path.absolute().parent)
+    if problem:
+        raise ConfigError(f"{option} {path}: {problem}; give a writable path")
 
 
 def run_eval(cfg: Config, generations: Path | None = None) -> EvalReport:

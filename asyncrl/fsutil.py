@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -41,3 +42,20 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def nearest_unwritable(where: Path) -> tuple[Path, str | None]:
+    """The nearest directory of `where` that exists (itself or a parent) and why a new file cannot
+    be made there ("<dir> is a file, not a directory", "cannot write in <dir> (<reason>)"), or None
+    when one can: checked by making one, so a read-only directory fails before any work."""
+    existing = where.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return existing, f"{existing} is a file, not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return existing, f"cannot write in {existing} ({exc.strerror or exc})"
+    return existing, None

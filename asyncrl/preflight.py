@@ -28,7 +28,6 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -38,6 +37,7 @@ from asyncrl.config.validate import check_pipeline_keys
 from asyncrl.data.dataset import SUPPORTED_SUFFIXES, check_prompt_lengths, load_rows
 from asyncrl.data.tokenization import template_kwargs
 from asyncrl.errors import ConfigError
+from asyncrl.fsutil import nearest_unwritable
 from asyncrl.models.loading import check_model_path, local_tokenizer_dir, model_positions
 from asyncrl.rewards import check_signature
 from asyncrl.rewards.batch_functions import resolve as resolve_batch_function
@@ -131,16 +131,9 @@ def check_output_dir(output_dir: str, runs_root: Path, log: Log) -> None:
     target = Path(output_dir) if output_dir else runs_root
     key = f"trainer.output_dir={output_dir!r}" + ("" if output_dir else f" (runs go under {runs_root}/)")
     fix = "set trainer.output_dir to a writable directory"
-    existing = target.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{key}: {existing} is a file, not a directory; {fix}")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"{key}: cannot write in {existing} ({exc.strerror or exc}); {fix}") from None
+    existing, problem = nearest_unwritable(target)
+    if problem:
+        raise ConfigError(f"{key}: {problem}; {fix}")
     free = shutil.disk_usage(existing).free
     if free == 0:
         raise ConfigError(f"{key}: the disk of {existing} is full; free space or {fix} on another disk")

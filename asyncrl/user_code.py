@@ -1,8 +1,8 @@
 """The user's code, imported by name: `"package.module"` or `"path/to/file.py"`.
 
 Shared by every key that names a user function (`reward.custom_function`,
-`rollout.multi_turn.episode`); each caller turns a failure into its own one-line error naming
-its key. A file is registered in `sys.modules` under `prefix` + its stem, so its functions
+`rollout.multi_turn.episode`, `rollout.agent.entrypoint`); each caller turns a failure into its own
+one-line error naming its key. A file is registered in `sys.modules` under `prefix` + its stem, so its functions
 pickle by reference in this process.
 """
 
@@ -13,6 +13,9 @@ import importlib.util
 import os
 import sys
 from types import ModuleType
+from typing import Any
+
+from asyncrl.errors import ConfigError
 
 
 def import_module_or_file(where: str, prefix: str) -> ModuleType:
@@ -29,3 +32,17 @@ def import_module_or_file(where: str, prefix: str) -> ModuleType:
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def import_function(spec: str, key: str, prefix: str) -> tuple[Any, str, str]:
+    """`spec` ("package.module:name" or "path/to/file.py:name") imported: (the module's attribute
+    `name`, or None where it has none; the module part; the name). A spec without both parts, or a
+    module that fails to import, is one ConfigError naming `key`; the caller checks the attribute."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ConfigError(f"{key} must look like 'package.module:function' or 'file.py:function', got {spec!r}")
+    try:
+        module = import_module_or_file(where, prefix)
+    except Exception as exc:  # a user's module can fail to import in any way
+        raise ConfigError(f"{key}={spec!r}: cannot import {where!r} ({type(exc).__name__}: {exc})") from exc
+    return getattr(module, name, None), where, name

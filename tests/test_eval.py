@@ -98,4 +98,4 @@ def test_eval_into_a_path_it_cannot_write_fails_before_generating(capsys: pytest
     (tmp_path / "afile").write_text("")
     assert cli.main(["eval", "--out", str(tmp_path / "afile" / "eval.json")]) == 2
     assert capsys.readouterr().err.strip() == (f"asyncrl: error: --out {tmp_path}/afile/eval.json: {tmp_path}/afile "
-                                               f"is a file, not a directory")
+                                               f"is a file, not a directory; give a writable path")

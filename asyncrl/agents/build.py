@@ -21,7 +21,7 @@ from asyncrl.config.long_tail import SandboxConfig
 from asyncrl.config.schema import DataConfig, MultiTurnConfig
 from asyncrl.data.tokenization import template_kwargs
 from asyncrl.errors import ConfigError
-from asyncrl.user_code import import_module_or_file
+from asyncrl.user_code import import_function
 
 KEY = "rollout.multi_turn.episode"
 
@@ -54,14 +54,7 @@ def prompt_data(data: DataConfig, mt: MultiTurnConfig, sandbox: SandboxConfig, a
 def load_episode(spec: str) -> Episode:
     """Import `"module:function"` or `"path/to/file.py:function"`: an async function
     `(row, client, partial) -> Trajectory`."""
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name:
-        raise ConfigError(f"{KEY} must look like 'package.module:function' or 'file.py:function', got {spec!r}")
-    try:
-        module = import_module_or_file(where, "asyncrl_custom_episode_")
-    except Exception as exc:  # a user's module can fail to import in any way
-        raise ConfigError(f"{KEY}={spec!r}: cannot import {where!r} ({type(exc).__name__}: {exc})") from exc
-    fn = getattr(module, name, None)
+    fn, where, name = import_function(spec, KEY, "asyncrl_custom_episode_")
     if fn is None:
         raise ConfigError(f"{KEY}={spec!r}: {where!r} has no attribute {name!r}")
     target = fn.__call__ if not inspect.isfunction(fn) and callable(fn) else fn

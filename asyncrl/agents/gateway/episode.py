@@ -32,7 +32,7 @@ from asyncrl.agents.gateway.session import AgentSession
 from asyncrl.config.schema import AgentConfig, MultiTurnConfig
 from asyncrl.errors import ConfigError, RolloutError
 from asyncrl.types import PromptRow, Trajectory
-from asyncrl.user_code import import_module_or_file
+from asyncrl.user_code import import_function
 
 log = logging.getLogger(__name__)
 KEY = "rollout.agent.entrypoint"
@@ -143,14 +143,7 @@ def row_dict(row: PromptRow) -> dict[str, Any]:
 
 def load_agent(spec: str) -> tuple[Any, bool]:
     """Import `"module:function"` or `"file.py:function"`: (the function, whether it takes base_url)."""
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name:
-        raise ConfigError(f"{KEY} must look like 'package.module:function' or 'file.py:function', got {spec!r}")
-    try:
-        module = import_module_or_file(where, "asyncrl_agent_")
-    except Exception as exc:  # a user's module can fail to import in any way
-        raise ConfigError(f"{KEY}={spec!r}: cannot import {where!r} ({type(exc).__name__}: {exc})") from exc
-    fn = getattr(module, name, None)
+    fn, _, name = import_function(spec, KEY, "asyncrl_agent_")
     if fn is None or not inspect.iscoroutinefunction(fn):
         raise ConfigError(f"{KEY}={spec!r}: {name!r} must be an async function (row, client) or (row, base_url)")
     params = list(inspect.signature(fn).parameters)
