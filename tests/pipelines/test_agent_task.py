@@ -27,7 +27,9 @@ def check_agent_steps(rows: list[dict], updates: int) -> None:
         assert r["agent/retokenized_tokens"] == 0 and r["agent/template_rewrites"] == 0, r
         assert r["agent/chains"] == 16 and r["agent/calls"] >= 16, r  # one chain per episode, 16 a step
         assert r["agent/errors"] <= 2, r  # the SDK raises on a tool name the tiny model garbles
-    assert sum(r["tool_calls/mean"] for r in steps) / len(steps) > 0.5  # the agent used the calculator
+    # the agent used the calculator: 16 episodes a step give a share with a standard error of ~0.12;
+    # the pinned tiny-tools model called it in 0.375-0.81 of a step's episodes (4 steps, issue 34)
+    assert sum(r["tool_calls/mean"] for r in steps) / len(steps) > 0.25
     assert all("critic/score/mean" in r and "actor/pg_loss" in r for r in steps)
 
 
