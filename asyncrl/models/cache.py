@@ -71,18 +71,20 @@ def arithmetic_env() -> dict[str, str]:
     return {k: v for k, v in ARITHMETIC_ENV.items() if k.endswith("_NUM_THREADS")}
 
 
-def load_or_build(path: Path, builder: str, spec: Any, rebuild: bool = False,
+def load_or_build(path: Path, builder: str, spec: Any, name: str, rebuild: bool = False,
                   log: Callable[[str], None] = print) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and tokenizer cached at `path`, else built there first: `builder` ("module:function",
     called as `function(spec, log)` and returning (model, tokenizer, warm-up report)) runs in a child
     process with `arithmetic_env()`, which saves the model, tokenizer and report (warmup.json)
-    beside `path`; the directory is renamed into place, so a reader never sees half a model. The
-    child's log lines go to `log`. The model comes back in eval mode."""
+    beside `path`; the directory is renamed into place, so a reader never sees half a model. A build
+    says so ("building the <name> model in <path> (one time)"), and the child's log lines go to
+    `log`. The model comes back in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if rebuild:
         shutil.rmtree(path, ignore_errors=True)
     if not (path / "config.json").exists():
+        log(f"building the {name} model in {path} (one time)")
         _build(path, builder, spec, log)
     model = AutoModelForCausalLM.from_pretrained(path)
     model.eval()

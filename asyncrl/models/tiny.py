@@ -187,6 +187,4 @@ def load_tiny(cache_dir: Path | None = None, spec: TinySpec = TinySpec(), rebuil
               log: Callable[[str], None] = print) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The cached tiny model, built and warmed up on first use."""
     path = (cache_dir or cache.cache_dir()) / spec.key()
-    if rebuild or not (path / "config.json").exists():
-        log(f"building the tiny model in {path} (one time)")
-    return cache.load_or_build(path, f"{__name__}:build", spec, rebuild, log)
+    return cache.load_or_build(path, f"{__name__}:build", spec, "tiny", rebuild, log)

@@ -140,6 +140,4 @@ def load_task_model(spec: TaskModelSpec, cache_dir: Path | None = None, rebuild:
                     log: Callable[[str], None] = print) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The cached model of `spec`, built and warmed up on first use (its report in warmup.json)."""
     path = (cache_dir or cache.cache_dir()) / spec.key()
-    if rebuild or not (path / "config.json").exists():
-        log(f"building the {spec.name} model in {path} (one time)")
-    return cache.load_or_build(path, f"{__name__}:build", spec, rebuild, log)
+    return cache.load_or_build(path, f"{__name__}:build", spec, spec.name, rebuild, log)

@@ -158,6 +158,4 @@ def load_tiny_tools(cache_dir: Path | None = None, spec: TinyToolsSpec = TinyToo
                     log: Callable[[str], None] = print) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The cached tiny-tools model, built and warmed up on first use (its report in warmup.json)."""
     path = (cache_dir or cache.cache_dir()) / spec.key()
-    if rebuild or not (path / "config.json").exists():
-        log(f"building the {NAME} model in {path} (one time)")
-    return cache.load_or_build(path, f"{__name__}:build", spec, rebuild, log)
+    return cache.load_or_build(path, f"{__name__}:build", spec, NAME, rebuild, log)

@@ -72,7 +72,8 @@ def test_a_build_is_the_same_whatever_the_callers_threads_and_instruction_set(
 
 def test_a_failed_build_leaves_nothing_half_built(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="building the model in .* failed"):
-        cache.load_or_build(tmp_path / "m", "asyncrl.models.tiny:no_such_builder", TinySpec(), log=lambda _: None)
+        cache.load_or_build(tmp_path / "m", "asyncrl.models.tiny:no_such_builder", TinySpec(), "tiny",
+                            log=lambda _: None)
     assert list(tmp_path.iterdir()) == []
 
 
