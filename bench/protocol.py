@@ -27,6 +27,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -51,8 +52,13 @@ class Protocol:
     body: dict[str, Any]
     hash: str
     commit: str | None
-    """The commit that last changed the file (None: not committed)."""
+    """The commit that added the file's present content (None: not committed)."""
     committed_at: datetime | None
+    sweep_hash: str
+    """The hash of everything but `lr`: the learning-rate sweep's cells keep counting once the sweep's
+    pick is written into `lr` (`bench/sweep.py`)."""
+    sweep_commit: str | None
+    sweep_committed_at: datetime | None
 
     def arm(self, name: str) -> dict[str, Any]:
         return next(a for a in self.body["arms"] if a["name"] == name)
@@ -67,6 +73,11 @@ def content_hash(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def sweep_hash(body: dict[str, Any]) -> str:
+    """`content_hash` of everything but `lr` (what the sweep's cells depend on)."""
+    return content_hash({k: v for k, v in body.items() if k != "lr"})
+
+
 def load(path: Path, *, git: bool = True) -> Protocol:
     """The protocol at `path`, checked for its keys; with `git`, the commit that last changed it."""
     try:
@@ -75,7 +86,8 @@ def load(path: Path, *, git: bool = True) -> Protocol:
         raise ProtocolError(f"{path}: cannot read the protocol ({error})") from error
     validate(body, path)
     commit, when = last_commit(path) if git else (None, None)
-    return Protocol(path, body, content_hash(body), commit, when)
+    sweep_commit, sweep_when = last_commit(path, sweep_hash) if git else (None, None)
+    return Protocol(path, body, content_hash(body), commit, when, sweep_hash(body), sweep_commit, sweep_when)
 
 
 def validate(body: Any, path: Path) -> None:
@@ -98,17 +110,17 @@ def _git(path: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=path.parent, capture_output=True, text=True, check=False).stdout
 
 
-def last_commit(path: Path) -> tuple[str | None, datetime | None]:
+def last_commit(path: Path, key: Callable[[dict[str, Any]], str] = content_hash) -> tuple[str | None, datetime | None]:
     """The commit that added the protocol's present content, and its commit time: the oldest of the
-    latest commits of the file whose content hashes the same (a comment fixed later keeps it);
-    (None, None) when the file is not committed."""
+    latest commits of the file whose content hashes the same by `key` (a comment fixed later keeps
+    it); (None, None) when the file is not committed."""
     rel = _git(path, "rev-parse", "--show-prefix").strip() + path.name
     found: tuple[str | None, datetime | None] = (None, None)
     current = None
     for line in _git(path, "log", "--format=%H %cI", "--", path.name).splitlines():
         commit, when = line.split()
         try:
-            body = content_hash(yaml.safe_load(_git(path, "show", f"{commit}:{rel}")))
+            body = key(yaml.safe_load(_git(path, "show", f"{commit}:{rel}")))
         except yaml.YAMLError:
             break
         if current is not None and body != current:
@@ -122,14 +134,18 @@ def uncommitted(path: Path) -> bool:
     return bool(_git(path, "status", "--porcelain", "--", path.name).strip())
 
 
-def ready(protocol: Protocol) -> list[str]:
-    """What stops this protocol's cells from running: each a line naming the fix (empty: ready)."""
+def ready(protocol: Protocol, *, sweep: bool = False) -> list[str]:
+    """What stops this protocol's cells (`sweep`: its learning-rate sweep's) from running: each a
+    line naming the fix (empty: ready)."""
     problems = []
     if protocol.commit is None or uncommitted(protocol.path):
         problems.append(f"commit {protocol.path} first: a protocol is fixed before its cells run")
     if not protocol.pinned():
         problems.append(f"model not pinned: run `python bench/protocol.py pin {protocol.path}` and commit it")
-    if protocol.body["lr"] is None:
+    if sweep:
+        if not (protocol.body.get("lr_sweep") or {}).get("tuning_split"):
+            problems.append(f"{protocol.path}: lr_sweep.tuning_split is not set (its size and seed)")
+    elif protocol.body["lr"] is None:
         problems.append(f"lr is null in {protocol.path}: `python bench/protocol.py set-lr {protocol.path} --lr X` "
                         "with the sweep's pick (lr_sweep), and commit it")
     return problems
@@ -193,14 +209,23 @@ def check_model(protocol: Protocol) -> list[str]:
     return []
 
 
-def refusal(cell: dict[str, Any], protocol: Protocol) -> str | None:
-    """Why `cell` does not count for `protocol` (None: it counts)."""
-    if cell.get("protocol_hash") != protocol.hash:
+def stamp(protocol: Protocol, *, sweep: bool = False) -> dict[str, Any]:
+    """What a cell records of the protocol it ran under (a sweep cell: the hash without `lr`)."""
+    if sweep:
+        return {"protocol_hash": protocol.sweep_hash, "protocol_commit": protocol.sweep_commit, "phase": "sweep"}
+    return {"protocol_hash": protocol.hash, "protocol_commit": protocol.commit}
+
+
+def refusal(cell: dict[str, Any], protocol: Protocol, *, sweep: bool = False) -> str | None:
+    """Why `cell` does not count for `protocol` (`sweep`: for its learning-rate sweep) (None: it counts)."""
+    if cell.get("protocol_hash") != stamp(protocol, sweep=sweep)["protocol_hash"]:
         return "run under another protocol (or none: exploratory)"
-    if cell.get("protocol_commit") != protocol.commit:
-        return f"recorded protocol commit {str(cell.get('protocol_commit'))[:10]}, not {str(protocol.commit)[:10]}"
+    commit = stamp(protocol, sweep=sweep)["protocol_commit"]
+    if cell.get("protocol_commit") != commit:
+        return f"recorded protocol commit {str(cell.get('protocol_commit'))[:10]}, not {str(commit)[:10]}"
     started = cell.get("started_at")
-    if protocol.committed_at is None or started is None or datetime.fromisoformat(started) < protocol.committed_at:
+    since = protocol.sweep_committed_at if sweep else protocol.committed_at
+    if since is None or started is None or datetime.fromisoformat(started) < since:
         return "started before the protocol's commit"
     if not cell.get("points"):
         return f"failed: {cell.get('error', 'no validation')}"

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import verdicts  # noqa: E402
 from bench.cell_stats import ks_distance  # noqa: E402
 from bench.convergence import load, mean_curve, run_cell  # noqa: E402
-from bench.protocol import Protocol, check_model, ready, refusal  # noqa: E402
+from bench.protocol import Protocol, check_model, ready, refusal, stamp  # noqa: E402
 from bench.protocol import load as load_protocol  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -42,11 +42,12 @@ def cells(protocol: Protocol) -> list[tuple[str, int]]:
     return [(a["name"], s) for s in range(protocol.body["seeds"]) for a in protocol.body["arms"]]
 
 
-def cell_args(protocol: Protocol, arm: str, runs_dir: Path, timeout_s: float) -> argparse.Namespace:
-    """bench/convergence.py's arguments for one arm's cells: the protocol's settings and lr, then the
-    task's extra keys and the arm's (after the shared ones, so an arm's key wins)."""
+def cell_args(protocol: Protocol, arm: str, runs_dir: Path, timeout_s: float,
+              lr: float | None = None) -> argparse.Namespace:
+    """bench/convergence.py's arguments for one arm's cells: the protocol's settings and lr (`lr`: the
+    sweep's), then the task's extra keys and the arm's (after the shared ones, so an arm's key wins)."""
     body, spec = protocol.body, protocol.arm(arm)
-    lr = spec.get("lr", body["lr"])
+    lr = lr if lr is not None else spec.get("lr", body["lr"])
     return argparse.Namespace(**body["settings"], lr=lr, runs_dir=runs_dir, timeout_s=timeout_s,
                               override=[*body["task"].get("keys", []), *spec.get("keys", []), f"actor.lr={lr}"])
 
@@ -62,7 +63,7 @@ def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float) -> None
     for arm, seed in todo:
         mode, task = protocol.arm(arm)["mode"], protocol.body["task"]["name"]
         cell = run_cell(mode, task, seed, cell_args(protocol, arm, runs_dir, timeout_s))
-        cell = {"arm": arm, "protocol_hash": protocol.hash, "protocol_commit": protocol.commit, **cell}
+        cell = {"arm": arm, **stamp(protocol), **cell}
         with out.open("a") as f:
             f.write(json.dumps(cell) + "\n")
         why = refusal(cell, protocol) or "admitted"

@@ -20,6 +20,7 @@ from bench.protocol import (
     ready,
     refusal,
     set_field,
+    sweep_hash,
 )
 from bench.study import cell_args, cells, summarize
 
@@ -43,7 +44,8 @@ NOISE = [0.01, -0.012, 0.004, -0.006, 0.009, -0.003]
 
 
 def protocol(body: dict = BODY) -> Protocol:
-    return Protocol(Path("synthetic.yaml"), body, content_hash(body), "c0ffee", COMMITTED)
+    return Protocol(Path("synthetic.yaml"), body, content_hash(body), "c0ffee", COMMITTED, sweep_hash(body), "c0ffee",
+                    COMMITTED)
 
 
 def cell(arm: str, seed: int, shift: float, **extra: object) -> dict:
@@ -138,7 +140,14 @@ def test_the_protocol_commit_survives_a_comment_fix_and_readiness_names_the_fixe
     assert load(path).commit == first.commit  # the content, hence the protocol, did not change
     set_field(path, "cache_key", "tiny-abc")
     git(tmp_path, "commit", "-qam", "pin")
-    assert load(path).commit != first.commit
+    pinned = load(path)
+    assert pinned.commit != first.commit and pinned.sweep_commit == pinned.commit
+    # the sweep's pick written into lr: a new protocol for the main cells, the same one for the sweep's
+    set_field(path, "lr", "0.0002")
+    git(tmp_path, "commit", "-qam", "lr")
+    picked = load(path)
+    assert picked.commit != pinned.commit and picked.hash != pinned.hash
+    assert (picked.sweep_commit, picked.sweep_hash) == (pinned.sweep_commit, pinned.sweep_hash)
 
 
 def test_pinning_rewrites_the_field_and_keeps_comments(tmp_path: Path) -> None:
