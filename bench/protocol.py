@@ -256,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
         problems = ready(protocol) + (check_model(protocol) if protocol.pinned() else [])
         print(f"{path}: hash {protocol.hash[:12]}, commit {str(protocol.commit)[:10]} at {protocol.committed_at}")
         print("\n".join(f"  not ready: {p}" for p in problems) or "  ready")
+        sweep = ready(protocol, sweep=True) + (check_model(protocol) if protocol.pinned() else [])
+        print("\n".join(f"  sweep not ready: {p}" for p in sweep) or "  sweep ready (bench/sweep.py)")
 
 
 if __name__ == "__main__":
