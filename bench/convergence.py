@@ -73,7 +73,7 @@ TASKS: dict[str, list[str]] = {
     "countdown": COUNTDOWN.run_overrides(),
     "longtail": [*LONGTAIL.run_overrides(), "data.max_response_length=200"],
     "longtail_partial": [f"model.path={LONGTAIL.name}", f"data.task={LONGTAIL.task}",
-                         'data.task_options=["median=48.0", "sigma=0.5", "max_len=192"]',
+                         'data.task_options=["median=150.0", "sigma=0.3", "max_len=192"]',
                          "data.max_response_length=200"],
     "smollm2_addition": ["data.task=arithmetic", f"model.path={SMOLLM2}", "data.task_options=[high=49]",
                          "data.max_prompt_length=128", "data.max_response_length=32", "rollout.temperature=0.7",
@@ -83,9 +83,10 @@ TASKS: dict[str, list[str]] = {
 """Task -> its keys (its data.task among them), after the shared keys: arithmetic on `tiny` with the defaults
 (the keys of the cells already in the results); countdown and longtail each on the tiny model warmed
 up on it, with the task options it was warmed up on (`asyncrl.models.task_models`), longtail with room
-for its answers; longtail_partial: the same model on answers four times longer (median 48, within the
-192 letters it was warmed up on), so that generation outlasts small updates and partial rollout
-interrupts it (issue 38); smollm2_addition: the pretrained SmolLM2-135M-Instruct on a + b with a, b in 0..49,
+for its answers; longtail_partial: the same model on answers about ten times longer (median 150, sigma 0.3, within
+the 192 letters it was warmed up on), so that a response outlasts a small update and partial rollout
+interrupts it (issue 38; calibrated in bench/protocols/partial_rollout.yaml); smollm2_addition: the
+pretrained SmolLM2-135M-Instruct on a + b with a, b in 0..49,
 validated greedy (one response per held-out problem), sampled at 0.7 (at 1.0 it rambles past 32
 tokens and scores 0-3%), full fine-tuning without recomputed activations (docs/benchmarks.md)."""
 MARGIN = 0.03
