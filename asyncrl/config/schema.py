@@ -46,6 +46,7 @@ from asyncrl.config.names import (
     Task,
     ToolCallFormat,
     Truncation,
+    VersionLagPolicy,
 )
 
 
@@ -414,6 +415,8 @@ class AsyncTrainingConfig:
     """Use the engine's behaviour log-probs as old log-probs in the PPO ratio."""
     max_version_lag: int = knob(-1, "to -1 (off) or >= 0", read_by=("fully_async",))
     """Strict per-sample cap on (trainer version - sample start version); -1 = off."""
+    version_lag_policy: VersionLagPolicy = knob("pace", read_by=("fully_async",))
+    """pace: the trainer waits for a group before a sync would put it past max_version_lag; drop: regenerate it."""
     max_concurrent_samples_per_server: int = knob(16, ">= 0", read_by=("fully_async",))
     """Prompts generating at once per rollout engine (verl's max_concurrent_samples = 16 x servers); 0 = no cap."""
 

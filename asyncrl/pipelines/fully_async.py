@@ -14,23 +14,27 @@ generation, loads the new weights and the same samples continue from their parti
 (d) with threshold 0 is accepted (verl's ablation runs it): the budget then lets start only
 the groups the T updates take, so a sync normally finds nothing to interrupt. At most
 `max_concurrent_samples_per_server` x engines prompts generate at once (verl's
-`max_concurrent_samples`). `max_version_lag` drops (and regenerates) any group older than the
-cap, so no trained sample exceeds it. DAPO dynamic sampling (`algorithm.filter_groups`): a group
-whose rewards all agree is dropped and counted, its prompt consumed (it counted against the
-freshness budget when it started and is not generated again); the trainer waits for R kept groups,
-or trains on fewer when nothing more can come before its next sync (the budget spent, nothing in
-flight) or the run's prompts are used up. Metrics: one metrics.jsonl line per local
-update (`training/global_step`); verl's step is a sync cycle of T updates
-(`fully_async/count/current_param_version`, which the summaries count), and its stale counters
-are cumulative. Every prompt is trained exactly once: `samples.jsonl` records each one. A
-checkpoint holds the queue's finished groups (with their tokens, behaviour log-probs and
-versions) and the staleness counters; prompts in flight are listed by the prompt stream and
-generated again on resume, so a resumed run trains exactly the prompts not yet trained.
+`max_concurrent_samples`). `max_version_lag` bounds every trained sample's lag: by default
+(`version_lag_policy=pace`) the trainer waits for a group, queued or in flight, before the next
+sync would put it past the cap and trains it in this update (so a slow group is never thrown away
+for being slow); with `drop`, a group past the cap is dropped and its prompt generated again (the
+dropped lengths are reported: dropping favours fast, short responses). DAPO dynamic sampling
+(`algorithm.filter_groups`): a group whose rewards all agree is dropped and counted, its prompt
+consumed (it counted against the freshness budget when it started and is not generated again); the
+trainer waits for R kept groups, or trains on fewer when nothing more can come before its next sync
+(the budget spent, nothing in flight) or the run's prompts are used up. Metrics: one metrics.jsonl
+line per local update (`training/global_step`); verl's step is a sync cycle of T updates
+(`fully_async/count/current_param_version`, which the summaries count), and its stale counters are
+cumulative. Every prompt is trained exactly once: `samples.jsonl` records each one. A checkpoint
+holds the queue's finished groups (with their tokens, behaviour log-probs and versions) and the
+staleness counters; prompts in flight are listed by the prompt stream and generated again on
+resume, so a resumed run trains exactly the prompts not yet trained.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 from typing import Any
 
 from asyncrl.pipelines.common import after_step, guarded, staleness_metrics, start, train, validate_before_training
@@ -54,6 +58,8 @@ class AsyncTrainer:
         self.filtered = 0
         """Prompts dynamic sampling dropped, recorded as consumed with an update."""
         self.dropped = 0
+        self.dropped_lengths: list[int] = []
+        """The response lengths of the dropped groups (`version_lag_policy=drop`): what dropping removes."""
         self.stale_counts: dict[str, float] = {}
         """verl's cumulative `fully_async/count/stale_*_processed` counters (`staleness_metrics`)."""
 
@@ -77,7 +83,7 @@ class AsyncTrainer:
             step += 1
             metrics: dict[str, float] = {}
             with timer("step", metrics):
-                groups, filtered = await self.collect(metrics)
+                groups, filtered = await self.collect(metrics, sync_after=step % self.T == 0)
                 if not groups and not filtered:
                     break
                 with timer("train", metrics):
@@ -95,7 +101,8 @@ class AsyncTrainer:
         """The pipeline's part of a checkpoint (the policy version is the synchronizer's, the
         prompts in flight are the prompt stream's): counts, the staleness budget, the queue."""
         r = self.rollouter
-        return {"dropped": self.dropped, "filtered": self.filtered, "started": r.started, "launches": r.launches,
+        return {"dropped": self.dropped, "dropped_lengths": self.dropped_lengths, "filtered": self.filtered,
+                "started": r.started, "launches": r.launches,
                 "in_flight": r.in_flight, "budget_started": self.budget.started, "num_stale": self.budget.num_stale,
                 "queue": self.queue.items, "parked": r.parked, "stale_counts": self.stale_counts}
 
@@ -106,6 +113,7 @@ class AsyncTrainer:
         if not state:
             return
         self.dropped, self.filtered = state["dropped"], state.get("filtered", 0)
+        self.dropped_lengths = list(state.get("dropped_lengths", []))
         self.rollouter.started, self.rollouter.launches = state["started"], state["launches"]
         self.budget.started = max(state["budget_started"] - state["in_flight"], 0)  # those start again
         self.budget.num_stale = state["num_stale"]
@@ -115,31 +123,62 @@ class AsyncTrainer:
         self.queue.restore(state["queue"])
         self.rollouter.continue_parked(state["parked"])
 
-    async def collect(self, metrics: dict[str, float]) -> tuple[list[Group], list[PromptRow]]:
-        """The next R prompts' groups (fewer at the end), skipping any past the lag cap; with
-        dynamic sampling, also the prompts of the groups it dropped (consumed, not trained)."""
+    async def collect(self, metrics: dict[str, float], sync_after: bool) -> tuple[list[Group], list[PromptRow]]:
+        """The next R prompts' groups (fewer at the end), first any that the sync after this
+        update (`sync_after`) would put past the lag cap (pacing: waited for, possibly more than R),
+        skipping any already past it (dropped); with dynamic sampling, also the prompts of the
+        groups it dropped (consumed, not trained)."""
         groups: list[Group] = []
         filtered: list[PromptRow] = []
         with timer("wait_samples", metrics), self.ctx.trace.span("wait_samples", "trainer"):
+            if sync_after and (limit := self.due_by()) is not None:
+                await self.take_due(limit, groups, filtered)
             while len(groups) < min(self.R, self.total_prompts - self.consumed - len(filtered)):
                 if self.filtering and not len(self.queue) and self.rollouter.starved():
                     break  # nothing more comes before the next sync: train on the kept ones
-                try:
-                    # a queued group is taken at once: racing the stop signal costs two tasks
-                    group = await (self.queue.get() if len(self.queue) else self.ctx.stop.race(self.queue.get()))
-                except Stopped:
-                    self.queue.put_back(groups)  # not trained: the checkpoint keeps them queued
-                    raise
-                if not self.budget.admissible(group.min_version, self.version):
-                    self.dropped += 1
-                    self.rollouter.requeue(group.row)
-                elif self.filtering and len(set(group.rewards_G)) <= 1:
-                    filtered.append(group.row)
-                else:
-                    groups.append(group)
+                self.accept(await self.next_group(groups), groups, filtered)
         if self.filtering:
             metrics["train/filtered_groups"] = len(filtered)
         return groups, filtered
+
+    def due_by(self) -> int | None:
+        """With `version_lag_policy=pace`: groups started under this version or earlier would pass
+        `max_version_lag` after the next sync, so they train before it (None: no cap, or dropping)."""
+        a = self.ctx.cfg.async_training
+        return self.version - a.max_version_lag if a.max_version_lag >= 0 and a.version_lag_policy == "pace" else None
+
+    async def take_due(self, limit: int, groups: list[Group], filtered: list[PromptRow]) -> None:
+        """Wait for every group started by `limit`, queued or in flight, and accept it; the younger
+        groups taken meanwhile go back to the front of the queue in their order."""
+        younger: list[Group] = []
+        while self.rollouter.started_by(limit) or any(g.min_version <= limit for g in self.queue.items):
+            group = await self.next_group(groups + younger)
+            if group.min_version <= limit:
+                self.accept(group, groups, filtered)
+            else:
+                younger.append(group)
+        self.queue.put_back(younger)
+
+    async def next_group(self, taken: list[Group]) -> Group:
+        """The oldest finished group; at a stop, `taken` goes back to the queue (the checkpoint keeps it)."""
+        try:
+            # a queued group is taken at once: racing the stop signal costs two tasks
+            return await (self.queue.get() if len(self.queue) else self.ctx.stop.race(self.queue.get()))
+        except Stopped:
+            self.queue.put_back(taken)
+            raise
+
+    def accept(self, group: Group, groups: list[Group], filtered: list[PromptRow]) -> None:
+        """Train `group`, or drop it past the lag cap (its prompt generated again, its lengths
+        counted), or filter it (dynamic sampling)."""
+        if not self.budget.admissible(group.min_version, self.version):
+            self.dropped += 1
+            self.dropped_lengths += [len(t.response_ids) for t in group.trajectories]
+            self.rollouter.requeue(group.row)
+        elif self.filtering and len(set(group.rewards_G)) <= 1:
+            filtered.append(group.row)
+        else:
+            groups.append(group)
 
     async def sync(self) -> dict[str, float]:
         """Bump the version: hold new starts, then wait for (c) or interrupt (d) in-flight work."""
@@ -158,6 +197,7 @@ class AsyncTrainer:
         return (self.queue.metrics() | self.rollouter.metrics()
                 | {"trainer/idle_ratio": metrics.get("timing_s/wait_samples", 0.0) / step_s,
                    "fully_async/count/dropped_stale": self.dropped, "fully_async/count/filtered_groups": self.filtered,
+                   "fully_async/dropped/response_length_mean": statistics.fmean(self.dropped_lengths or [0]),
                    "training/param_version": self.version})
 
     def validation_due(self, step: int) -> bool:

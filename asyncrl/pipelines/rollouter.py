@@ -51,6 +51,8 @@ class Rollouter:
         self._finished = False
         self._running: dict[str, PromptRow] = {}
         """Groups in flight by uid."""
+        self._started_at: dict[str, int] = {}
+        """The policy version each group in flight started under (a continued group: its oldest)."""
         self._parking = False
         self.parked: list[Group] = []
         """At a stop, the groups in flight as they were, aborted (for the checkpoint)."""
@@ -84,6 +86,10 @@ class Rollouter:
         below_cap = self.max_in_flight <= 0 or self.in_flight < self.max_in_flight
         return has_prompt and below_cap and not self._held and self.budget.can_start()
 
+    def started_by(self, version: int) -> int:
+        """Groups in flight that started under `version` or earlier."""
+        return sum(v <= version for v in self._started_at.values())
+
     def starved(self) -> bool:
         """Nothing more arrives before the trainer's next sync: none in flight, none may start."""
         return self.in_flight == 0 and not self._may_start()
@@ -101,6 +107,8 @@ class Rollouter:
         self.launches += 1
         uid = uid or f"{row.uid}@a{self.launches}"
         self._running[uid] = row
+        self._started_at[uid] = min((t.start_version for t in partials if len(t.versions)),
+                                    default=self.ctx.synchronizer.version)
         task = asyncio.create_task(self._one(row, uid, partials))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -122,6 +130,7 @@ class Rollouter:
                     self.budget.on_abandoned()
                 self.in_flight -= 1
                 self._running.pop(uid, None)
+                self._started_at.pop(uid, None)
                 if self.in_flight == 0:
                     self._idle_since = clock.now()
                 self._changed.notify_all()

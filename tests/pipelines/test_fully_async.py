@@ -63,12 +63,17 @@ def test_threshold_zero_starts_exactly_R_times_T_per_version(tiny_cache, tmp_pat
     assert all(s["trained_at_version"] == s["start_version"] for s in ledger)
 
 
-def test_no_trained_sample_exceeds_the_lag_cap(tiny_cache, tmp_path):
-    run_pipeline(tmp_path, *SMALL, "async_training.staleness_threshold=2.0",
-                 "async_training.max_version_lag=1", "rollout.total_rollout_steps=40")
+def test_no_trained_sample_exceeds_the_lag_cap_and_a_slow_group_is_trained_not_dropped(tiny_cache, tmp_path):
+    # the rollouter may run 3 versions ahead, the cap allows 1: pacing (the default) trains each
+    # group before the sync that would put it past the cap, however slow it was
+    rows = run_pipeline(tmp_path, *SMALL, "async_training.staleness_threshold=2.0",
+                        "async_training.max_version_lag=1", "rollout.total_rollout_steps=40")
     ledger = read_jsonl(tmp_path / "samples.jsonl")
     assert max(s["trained_at_version"] - s["start_version"] for s in ledger) <= 1
+    assert max(s["trained_at_version"] - s["start_version"] for s in ledger) == 1  # the cap was reached
     assert len({s["prompt"] for s in ledger}) == 40 == len(ledger)
+    assert rows[-1]["fully_async/count/dropped_stale"] == 0
+    assert sorted(int(s["uid"].rsplit("@a", 1)[1]) for s in ledger) == list(range(1, 41))  # each started once
 
 
 def test_partial_rollout_spans_versions(tiny_cache, tmp_path):

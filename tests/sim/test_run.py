@@ -2,6 +2,7 @@
 keeps its staleness bound, and writes the same metrics and trace a real run writes."""
 
 import json
+import statistics
 
 import pytest
 
@@ -81,14 +82,29 @@ def test_bad_profile_name_names_the_key(tmp_path):
         simulate(load_config(None, [*SMALL, "sim.profile=no-such", f"trainer.output_dir={tmp_path}"]))
 
 
+LAG_CAP = "pipeline=fully_async async_training.trigger_parameter_sync_step=1 async_training.staleness_threshold=2.0 " \
+          "async_training.max_version_lag=1"
+"""The rollouter may run 3 versions ahead, the cap allows 1: some groups would pass it."""
+
+
 def test_the_lag_cap_drops_stale_groups_and_regenerates_their_prompts(tmp_path):
-    _, summary, steps = run(tmp_path, "pipeline=fully_async async_training.trigger_parameter_sync_step=1 "
-                                      "async_training.staleness_threshold=2.0 async_training.max_version_lag=1")
+    _, summary, steps = run(tmp_path, LAG_CAP + " async_training.version_lag_policy=drop")
     dropped = steps[-1]["fully_async/count/dropped_stale"]
-    assert dropped > 0  # the rollouter ran 3 versions ahead: some groups were past the cap
+    assert dropped > 0
     assert summary.version_lag_max <= 1
     ledger = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(ledger) == 32 * 4 and len({s["prompt"] for s in ledger}) == 32 * 4  # regenerated, not lost
+    trained = statistics.fmean(x for s in ledger for x in s["lengths_G"])
+    assert steps[-1]["fully_async/dropped/response_length_mean"] > trained  # dropping removes the long ones
+
+
+def test_the_paced_lag_cap_trains_every_group_it_started(tmp_path):
+    _, summary, steps = run(tmp_path, LAG_CAP)  # version_lag_policy=pace, the default
+    assert steps[-1]["fully_async/count/dropped_stale"] == 0 and summary.version_lag_max <= 1
+    ledger = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(ledger) == 32 * 4 and len({s["prompt"] for s in ledger}) == 32 * 4
+    assert all(uid.endswith(f"@a{i + 1}") for i, uid in enumerate(sorted(
+        (s["uid"] for s in ledger), key=lambda u: int(u.rsplit("@a", 1)[1]))))  # each prompt started once
 
 
 def test_the_in_flight_cap_binds_and_loses_nothing(tmp_path):
