@@ -36,6 +36,7 @@ from asyncrl.rollout.attention import DecodeAttentionPath, StepAttention
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.merged import MergedLayer, merge_layer
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, cached_attention, causal_attention, packed_attention
+from asyncrl.scheduling.micro_budget import ModelShape
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
@@ -153,6 +154,10 @@ class BatchedForward:
         self.vocab_size: int = config.vocab_size
         self.hidden_size: int = config.hidden_size
         self.intermediate_size: int = config.intermediate_size
+        shape = ModelShape.from_hf(config)
+        assert shape is not None, "check_supported admits only configs with every size"
+        self.shape: ModelShape = shape
+        """The sizes that set the engine's activation memory (`asyncrl.rollout.memory`)."""
         self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
         self.attention: DecodeAttentionPath = attention
         """Decode attention: "matmul" to a padded length, "triton" over each row's own (`asyncrl.rollout.attention`)."""

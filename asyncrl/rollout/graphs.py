@@ -50,6 +50,7 @@ from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, layout_size, pack_prompts
 from asyncrl.rollout.sampler import DeviceSampler, SamplingMode
+from asyncrl.rollout.sizes import pow2_at_least
 from asyncrl.rollout.transfer import copy_from_host, to_device
 
 MIN_ATTENTION_LENGTH = 128
@@ -70,10 +71,7 @@ def attention_length(max_position: int, capacity: int, minimum: int = MIN_ATTENT
     Example: capacity 2304: max_position 5 -> 128, 127 -> 128, 128 -> 256, 300 -> 512,
     2100 -> 2304."""
     assert max_position < capacity, (max_position, capacity)
-    length = minimum
-    while length < max_position + 1:
-        length *= 2
-    return min(length, capacity)
+    return min(pow2_at_least(max_position + 1, minimum), capacity)
 
 
 @dataclass

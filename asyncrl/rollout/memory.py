@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl.errors import ConfigError
+from asyncrl.scheduling.micro_budget import ModelShape
 
 SAMPLING_COPIES = 10
 """(rows, vocab) float32 tensors alive at once in a step: logits, scaled logits, log-softmax,
@@ -42,18 +43,6 @@ PREFILL_ACTIVATIONS = 4
 whose norms and softmax run in float32 anyway."""
 SLACK_BYTES = 256 * 2**20
 """cuBLAS workspaces, the CUDA-graph pool's fragmentation, allocator rounding."""
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes of a decoder that set its activation memory."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    kv_heads: int
-    head_dim: int
 
 
 @dataclass(frozen=True)
@@ -98,7 +87,7 @@ def activation_reserve_bytes(shape: ModelShape, *, max_num_seqs: int, max_model_
     s = shape
     sampling = max_num_seqs * s.vocab_size * 4 * SAMPLING_COPIES
     decode = max_num_seqs * (s.vocab_size * 4 + s.num_heads * max_model_len * 4)
-    qkv_width = (s.num_heads + 2 * s.kv_heads) * s.head_dim
+    qkv_width = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
     per_token = (4 * s.intermediate_size + 8 * s.hidden_size + 6 * qkv_width) * PREFILL_ACTIVATIONS
     prefill = max(max_prefill_tokens, max_model_len) * per_token
     return sampling + decode + prefill + SLACK_BYTES

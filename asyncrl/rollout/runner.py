@@ -38,7 +38,7 @@ from asyncrl.rollout.generic import GenericForward, StepCache, StepForward, buil
 from asyncrl.rollout.graphs import BucketedDecode, BucketedPrefill
 from asyncrl.rollout.kernels import use_fused_decode
 from asyncrl.rollout.kv_cache import SlotKVCache
-from asyncrl.rollout.memory import KVPlan, ModelShape, activation_reserve_bytes, device_memory, plan_kv_cache
+from asyncrl.rollout.memory import KVPlan, activation_reserve_bytes, device_memory, plan_kv_cache
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, pack_prompts, prefill_path
 from asyncrl.rollout.sampler import DeviceSampler, SamplingMode
 from asyncrl.rollout.scheduler import StepPlan, StepResult
@@ -117,9 +117,7 @@ class StepRunner:
         memory = device_memory(self.device)
         if memory is None:
             return None
-        shape = ModelShape(forward.vocab_size, forward.hidden_size, forward.intermediate_size,
-                           forward.num_heads, forward.kv_heads, forward.head_dim)
-        reserve = activation_reserve_bytes(shape, max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
+        reserve = activation_reserve_bytes(forward.shape, max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
                                            max_prefill_tokens=max_prefill_tokens)
         plan = plan_kv_cache(memory, fraction=fraction, bytes_per_token=cache.bytes_per_token,
                              max_model_len=max_model_len, max_num_seqs=self.max_num_seqs, reserve_bytes=reserve)

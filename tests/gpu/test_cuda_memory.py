@@ -9,12 +9,14 @@ import torch
 
 from asyncrl.errors import ConfigError
 from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
-from asyncrl.rollout.memory import DeviceMemory, ModelShape, activation_reserve_bytes, device_memory
+from asyncrl.rollout.memory import DeviceMemory, activation_reserve_bytes, device_memory
+from asyncrl.scheduling.micro_budget import ModelShape
 from tests.rollout.rollout_testlib import EOS, staggered_requests, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 MiB = 2**20
-TINY = ModelShape(vocab_size=64, hidden_size=64, intermediate_size=128, num_heads=4, kv_heads=2, head_dim=16)
+TINY = ModelShape(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=16)
 BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # 2 layers x K,V x 2 heads x 16 x float32
 
 

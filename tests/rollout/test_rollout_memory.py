@@ -13,13 +13,15 @@ import torch
 import asyncrl.rollout.runner as runner_module
 from asyncrl.errors import ConfigError, RolloutError
 from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
-from asyncrl.rollout.memory import DeviceMemory, ModelShape, activation_reserve_bytes, plan_kv_cache
+from asyncrl.rollout.memory import DeviceMemory, activation_reserve_bytes, plan_kv_cache
+from asyncrl.scheduling.micro_budget import ModelShape
 from tests.rollout.rollout_testlib import EOS, prompt, request, staggered_requests, tiny_model
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
-QWEN2_05B = ModelShape(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_heads=14, kv_heads=2,
-                       head_dim=64)
-TINY = ModelShape(vocab_size=64, hidden_size=64, intermediate_size=128, num_heads=4, kv_heads=2, head_dim=16)
+QWEN2_05B = ModelShape(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                       num_kv_heads=2, head_dim=64)
+TINY = ModelShape(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=16)
 TINY_RESERVE = 297_826_304
 """8 rows, max_model_len 64, 4096 prefill tokens: sampling 8*64*4*10 = 20,480; decode
 8*(64*4 + 4*64*4) = 10,240; prefill 4096 * (4*128 + 8*64 + 6*(4+2+2)*16) * 4 = 29,360,128;
