@@ -118,7 +118,7 @@ def kv_bytes_per_token(model: torch.nn.Module, dtype: torch.dtype) -> int:
 def graph_sets(runner: Any) -> list[Any]:
     """The runner's graph owners (decode, and prefill where it is captured): objects with
     `steps` (a Counter of keys) and `replay_s(key, iters)`."""
-    return [g for g in (getattr(runner, "graphs", None), getattr(runner, "prefill_graphs", None))
+    return [g for g in (getattr(runner, "bucketed_decode", None), getattr(runner, "bucketed_prefill", None))
             if g is not None and hasattr(g, "replay_s")]
 
 

@@ -1,6 +1,6 @@
 """How large a static KV cache the device can hold (`rollout.gpu_memory_utilization`).
 
-On CUDA with static decode the engine allocates its KV cache once, when it is built:
+On CUDA with `rollout.cuda_graphs` the engine allocates its KV cache once, when it is built:
 `max_num_seqs` slots of `max_model_len` positions each, every layer's K and V. How much of the
 device it may take is a fraction, vLLM's (and verl's) `gpu_memory_utilization`:
 

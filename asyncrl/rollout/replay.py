@@ -65,7 +65,7 @@ def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings, *
     results (a finishing row takes one extra step); False applies each step before planning the
     next, as the engine of the GPU run that issue 24 explains did."""
     scheduler = Scheduler(settings.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens,
-                          min_free_slots=settings.admit_free_slots)
+                          min_free_slots=settings.admit_min_free_slots)
     for request in requests:
         scheduler.add(Sequence.from_request(request, eos_ids=()))
     rows: Counter[str] = Counter()
@@ -74,7 +74,7 @@ def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings, *
     queued: StepPlan | None = None
     while (plan := scheduler.schedule()) is not None or queued is not None:
         if plan is not None:
-            _count(plan, rows, graphs, sizes, settings.model_len)
+            _count(plan, rows, graphs, sizes, settings.max_model_len)
         for done in ((queued,) if one_step_late else (plan,)):
             if done is not None:
                 scheduler.apply(done, StepResult([_NO_TOKEN] * done.num_rows, [0.0] * done.num_rows, 0))

@@ -48,5 +48,5 @@ def test_capture_time_counts_prefill_graphs_too() -> None:
     def graphs(seconds: float) -> SimpleNamespace:
         return SimpleNamespace(capture_s=seconds, steps=Counter(), replay_s=lambda key, iters: 0.0)
 
-    runner = SimpleNamespace(graphs=graphs(1.5), prefill_graphs=graphs(2.0))
+    runner = SimpleNamespace(bucketed_decode=graphs(1.5), bucketed_prefill=graphs(2.0))
     assert engine_diag.capture_seconds(runner) == 3.5

@@ -17,11 +17,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
+from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.rollout.attention import PATHS, _additive_mask, _attend
 from asyncrl.rollout.graphs import attention_length
 from asyncrl.rollout.kernels.decode_attention import decode_attention, split_count, target_programs
-from tests.rollout.rollout_testlib import EOS, staggered_requests, tiny_model
+from tests.rollout.rollout_testlib import EOS, settings_of, staggered_requests, tiny_model
 from tests.rollout.test_rollout_decode_attention import SCALE, bound
 from tests.tolerances import assert_within
 
@@ -70,10 +70,10 @@ def test_the_kernel_equals_sdpa_over_each_rows_length(dtype: torch.dtype) -> Non
 def test_the_decode_graphs_run_the_kernel_once_per_bucket() -> None:
     model = tiny_model("qwen2").cuda()
     reqs = staggered_requests(7)
-    want = run_sync(TorchEngine(model, EOS, EngineSettings(device="cuda", decode_attention="matmul")), reqs)
+    want = run_sync(TorchEngine(model, EOS, settings_of(device="cuda", decode_attention="matmul")), reqs)
     before = PATHS["triton"]
-    eng = TorchEngine(model, EOS, EngineSettings(device="cuda"))  # auto: the kernel on CUDA
-    graphs = eng._runner.graphs
+    eng = TorchEngine(model, EOS, settings_of(device="cuda"))  # auto: the kernel on CUDA
+    graphs = eng._runner.bucketed_decode
     assert graphs is not None and graphs.capture and eng._runner.forward.attention == "triton"
     got = run_sync(eng, reqs)
     assert [o.response_ids for o in got] == [o.response_ids for o in want]

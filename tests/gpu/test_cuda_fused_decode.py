@@ -33,7 +33,7 @@ def replay_kernels(arch: str, layers: int, fused: str) -> int:
     model = AutoModelForCausalLM.from_config(config).eval().to(device=CUDA, dtype=BF16)
     eng = engine(model, device="cuda", max_num_seqs=4, fused_decode=fused)
     run_sync(eng, [request(f"r{i}", prompt(5, seed=i), 4) for i in range(4)])
-    graphs = eng._runner.graphs
+    graphs = eng._runner.bucketed_decode
     assert graphs is not None and graphs.captures > 0
     graph = next(iter(graphs._graphs.values()))[0]
     torch.cuda.synchronize()

@@ -22,13 +22,13 @@ import torch
 
 from asyncrl.config.schema import RolloutConfig
 from asyncrl.errors import ConfigError
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
+from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.rollout.attention import PATHS, resolve
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.graphs import KVReads
 from asyncrl.rollout.kernels.decode_attention import decode_attention, split_count
-from asyncrl.rollout.registry import engine_settings
-from tests.rollout.rollout_testlib import EOS, prompt, staggered_requests, tiny_model
+from asyncrl.rollout.settings import engine_settings
+from tests.rollout.rollout_testlib import EOS, prompt, settings_of, staggered_requests, tiny_model
 from tests.tolerances import assert_within, eps_of
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="the CPU's interpreted kernel (tests/gpu runs it compiled)")
@@ -186,14 +186,14 @@ def test_a_static_engine_through_the_kernel_keys_graphs_by_bucket_and_reads_real
     model = tiny_model("llama")
     reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_tokens=6))
             for r in staggered_requests(3)]  # 3 rows in bucket 4: one padding row, then 2 and 1
-    want = run_sync(TorchEngine(model, EOS, EngineSettings(static_decode=True)), reqs)
+    want = run_sync(TorchEngine(model, EOS, settings_of(cuda_graphs=True)), reqs)
     before = PATHS["triton"]
-    eng = TorchEngine(model, EOS, EngineSettings(static_decode=True, decode_attention="triton"))
+    eng = TorchEngine(model, EOS, settings_of(cuda_graphs=True, decode_attention="triton"))
     got = run_sync(eng, reqs)
     assert [o.response_ids for o in got] == [o.response_ids for o in want]
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
-    graphs = eng._runner.graphs
+    graphs = eng._runner.bucketed_decode
     assert graphs is not None and eng._runner.forward.attention == "triton"
     assert {length for _, length in graphs.steps} == {0}  # one key per bucket, whatever the lengths
     assert PATHS["triton"] - before == sum(graphs.steps.values()) == graphs.kv_reads.steps

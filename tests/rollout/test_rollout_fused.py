@@ -160,7 +160,7 @@ def test_fused_decode_logits_equal_the_unfused_step(arch: str) -> None:
 def test_engine_with_fusion_on_equals_hf_greedy(arch: str) -> None:
     model = tiny_model(arch, seed=3)
     reqs = [request(f"r{i}", prompt(4 + 3 * i, seed=i), max_tokens=6 - 2 * i) for i in range(2)]
-    eng = engine(model, max_num_seqs=4, fused_decode="on", static_decode=True)
+    eng = engine(model, max_num_seqs=4, fused_decode="on", cuda_graphs=True)
     assert eng._runner.forward.fused  # type: ignore[union-attr]
     counter = LaunchCounter()
     with counter.triton_launches():
@@ -174,7 +174,7 @@ def test_engine_with_fusion_on_equals_hf_greedy(arch: str) -> None:
 
 def test_weight_loads_write_the_merged_buffers_in_place() -> None:
     model = tiny_model("qwen2", seed=9)  # q/k/v biases: merged too
-    eng = engine(model, max_num_seqs=4, fused_decode="on", static_decode=True)
+    eng = engine(model, max_num_seqs=4, fused_decode="on", cuda_graphs=True)
     fwd = eng._runner.forward
     assert isinstance(fwd, BatchedForward)
     pointers = [(m.qkv_weight.data_ptr(), m.gate_up_weight.data_ptr()) for m in fwd._merged]
