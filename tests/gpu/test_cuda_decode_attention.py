@@ -80,10 +80,10 @@ def test_the_decode_graphs_run_the_kernel_once_per_bucket() -> None:
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-4)
     assert {key[1] for key in graphs.steps} == {0}  # no attention length in the key
-    buckets = [key[0] for key in graphs._graphs]
-    assert graphs.captures == len(graphs._graphs) == len(set(buckets))  # captured once per bucket
+    buckets = [key[0] for key in graphs.graphs._graphs]
+    assert graphs.captures == len(graphs.graphs._graphs) == len(set(buckets))  # captured once per bucket
     assert PATHS["triton"] - before == 2 * graphs.captures  # each capture: a warm-up run, then the captured one
-    graph = next(iter(graphs._graphs.values()))[0]
+    graph = next(iter(graphs.graphs._graphs.values()))[0]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         graph.replay()  # the engine is done with the cache: a replay rewrites what that step wrote
         torch.cuda.synchronize()

@@ -35,7 +35,7 @@ def replay_kernels(arch: str, layers: int, fused: str) -> int:
     run_sync(eng, [request(f"r{i}", prompt(5, seed=i), 4) for i in range(4)])
     graphs = eng._runner.bucketed_decode
     assert graphs is not None and graphs.captures > 0
-    graph = next(iter(graphs._graphs.values()))[0]
+    graph = next(iter(graphs.graphs._graphs.values()))[0]
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         graph.replay()

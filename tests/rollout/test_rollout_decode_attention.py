@@ -25,7 +25,6 @@ from asyncrl.errors import ConfigError
 from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.rollout.attention import PATHS, resolve
 from asyncrl.rollout.forward import BatchedForward
-from asyncrl.rollout.graphs import KVReads
 from asyncrl.rollout.kernels.decode_attention import decode_attention, split_count
 from asyncrl.rollout.settings import engine_settings
 from tests.rollout.rollout_testlib import EOS, prompt, settings_of, staggered_requests, tiny_model
@@ -196,14 +195,5 @@ def test_a_static_engine_through_the_kernel_keys_graphs_by_bucket_and_reads_real
     graphs = eng._runner.bucketed_decode
     assert graphs is not None and eng._runner.forward.attention == "triton"
     assert {length for _, length in graphs.steps} == {0}  # one key per bucket, whatever the lengths
-    assert PATHS["triton"] - before == sum(graphs.steps.values()) == graphs.kv_reads.steps
-    reads = graphs.kv_bytes_per_step()
-    assert reads["read"] == reads["real"] < reads["padded"]
+    assert PATHS["triton"] - before == sum(graphs.steps.values())
     eng.close()
-
-
-def test_kv_reads_count_real_and_padded_positions() -> None:
-    reads = KVReads()
-    reads.add([99, 299], bucket=2, capacity=2304)  # the docstring's example
-    reads.add([5], bucket=1, capacity=64)  # the CPU's small cache caps the attention length
-    assert (reads.steps, reads.real, reads.padded) == (2, 400 + 6, 1024 + 64)
