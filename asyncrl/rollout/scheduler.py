@@ -26,7 +26,7 @@ Why admission waits for free slots: a step that prefills makes every running row
 prefill, and a prefill step costs about the same for one prompt as for eight (on a GPU it is
 bound by kernel launches: ~55 ms eager against ~4 ms for a decode step of 64 rows, issue 24).
 Admitting as soon as one slot frees prefilled in 183 steps of the GPU benchmark at batch 64;
-waiting for 8 free slots, 28 (`asyncrl.rollout.replay`). A short queue never waits: with fewer
+waiting for 8 free slots, 28 (`bench/scheduler_replay.py`). A short queue never waits: with fewer
 requests waiting than `min_free_slots`, as many free slots as there are requests suffice.
 """
 

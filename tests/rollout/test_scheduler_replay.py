@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from asyncrl.rollout import run_sync
-from asyncrl.rollout.replay import replay
 from asyncrl.rollout.settings import EngineSettings
 from asyncrl.types import GenerationRequest
 from bench.gpu_engine import CUDA_DEFAULTS, MODELS, workload
+from bench.scheduler_replay import replay
 from tests.rollout.rollout_testlib import engine, settings_of, staggered_requests, tiny_model
 
 

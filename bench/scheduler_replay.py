@@ -8,10 +8,10 @@ the steps by kind (with the scheduler's own `step_counts`) and the decode graphs
 attention length) a static engine with the padded-length decode attention would capture, which
 is how issue 24 explained the GPU run's step and graph counts exactly.
 
-Used by tests/rollout/test_scheduler_replay.py (the admission rule's counts), and there for an
-engine benchmark to print the prefill steps of its settings without importing tests. It lives in
-the package, beside the scheduler and the graph bucketing it mirrors, so a change to either
-shows up in its counts.
+A diagnostic of the benchmarks, so it lives in bench/ (issue 35): tests/rollout/test_scheduler_replay.py
+asserts the admission rule's counts with it, and an engine benchmark can print the prefill steps
+of its settings. It drives the package's own scheduler and graph bucketing, so a change to
+either shows up in its counts.
 
 Not here: time. A count says what a step does, not how long it takes (docs/engine.md's cost
 model, the simulator in `asyncrl.sim`).
