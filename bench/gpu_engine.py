@@ -163,7 +163,7 @@ def engine_floor(runner: Any, batch: int, context: int, params: SamplingParams, 
         seconds = replay_s(graphs, key, iters)
     forward = runner.forward
     return dict(floor_step_ms=seconds * 1e3, floor_tokens_per_s=rows / seconds, floor_rows=rows, floor_key=list(key),
-                floor_forward=dict(fused=forward.fused, attention=forward.attention),
+                floor_forward=dict(fused=forward.fused_decode, attention=forward.decode_attention),
                 **kernels_per_decode_step(graphs, key, runner.device))
 
 
@@ -202,7 +202,7 @@ def run_engine(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: in
                mean_decode_rows=useful / max(steps.decode_steps, 1),
                kv_slots=runner.max_num_seqs, kv_cache_gib=None if kv is None else kv.kv_bytes / 2**30,
                max_model_len=max_model_len, **steps.summary(), **first_token_percentiles(outs))
-    reads = steps.kv_reads.bytes_per_step(runner.cache.bytes_per_token, runner.forward.attention == "triton")
+    reads = steps.kv_reads.bytes_per_step(runner.cache.bytes_per_token, runner.forward.decode_attention == "triton")
     row.update({f"kv_bytes_per_step_{k}": v for k, v in reads.items()})  # the last run's: real, padded, read
     # the last run's own mix of steps (counts since it started), then the full-batch floor, both on its graphs
     row.update(on(compute, own_mix_floor, runner, args.floor_iters // 10 or 1, args.floor_budget_s, counts_before))

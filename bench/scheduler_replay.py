@@ -65,7 +65,7 @@ def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings, *
     results (a finishing row takes one extra step); False applies each step before planning the
     next, as the engine of the GPU run that issue 24 explains did."""
     scheduler = Scheduler(settings.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens,
-                          min_free_slots=settings.admit_min_free_slots)
+                          admit_min_free_slots=settings.admit_min_free_slots)
     for request in requests:
         scheduler.add(Sequence.from_request(request, eos_ids=()))
     rows: Counter[str] = Counter()

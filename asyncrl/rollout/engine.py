@@ -106,7 +106,7 @@ class TorchEngine:
         self._log_limits(model, settings.max_num_seqs)
         self._prefix = self._prefix_cache(settings)
         self._scheduler = Scheduler(self._runner.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens,
-                                    min_free_slots=settings.admit_min_free_slots, prefix=self._prefix)
+                                    admit_min_free_slots=settings.admit_min_free_slots, prefix=self._prefix)
         self._kv_budget = settings.kv_budget_tokens
         self._max_model_len = settings.max_model_len
         self._num_threads = settings.num_threads

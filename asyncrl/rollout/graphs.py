@@ -92,7 +92,7 @@ class BucketedDecode:
         """The captured graphs, keyed (bucket, attention length, sampling mode); None: eager."""
         self.steps: Counter[tuple[int, int]] = Counter()
         """Decode steps per (bucket, attention length) key, keys in the order first run."""
-        self._reads_length = forward.attention == "triton"
+        self._reads_length = forward.decode_attention == "triton"
         device = cache.device
         self._inputs = torch.zeros(max_rows, 2, dtype=torch.int64, device=device)  # (rows, position|length)
         self._logits = torch.zeros(max_rows, forward.vocab_size, dtype=torch.float32, device=device)

@@ -54,8 +54,8 @@ class StepRunner:
             raise ConfigError(f"the model is on {weights_on} but device={str(self.device)!r}; move the model")
         self.forward: StepForward
         self.forward, self.fast_path_problem = build_forward(model, settings.forward,
-                                                             attention=settings.decode_attention,
-                                                             fused=settings.fused_decode)
+                                                             decode_attention=settings.decode_attention,
+                                                             fused_decode=settings.fused_decode)
         self.cache: StepCache = self.forward.new_cache(settings.max_num_seqs, self.device)
         self.max_num_seqs = settings.max_num_seqs
         """Sequences a step may hold: fewer than asked when the sized GPU cache has fewer slots."""

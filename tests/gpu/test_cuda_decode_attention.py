@@ -74,7 +74,7 @@ def test_the_decode_graphs_run_the_kernel_once_per_bucket() -> None:
     before = PATHS["triton"]
     eng = TorchEngine(model, EOS, settings_of(device="cuda"))  # auto: the kernel on CUDA
     graphs = eng._runner.bucketed_decode
-    assert graphs is not None and graphs.capture and eng._runner.forward.attention == "triton"
+    assert graphs is not None and graphs.capture and eng._runner.forward.decode_attention == "triton"
     got = run_sync(eng, reqs)
     assert [o.response_ids for o in got] == [o.response_ids for o in want]
     for g, w in zip(got, want):

@@ -47,7 +47,7 @@ def replay_kernels(arch: str, layers: int, fused: str) -> int:
 def test_auto_takes_the_fused_step_on_cuda() -> None:
     eng = engine(tiny_model("qwen3").to(CUDA), device="cuda", max_num_seqs=2)
     forward = eng._runner.forward
-    assert isinstance(forward, BatchedForward) and forward.fused
+    assert isinstance(forward, BatchedForward) and forward.fused_decode
     eng.close()
 
 

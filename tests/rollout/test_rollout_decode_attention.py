@@ -165,7 +165,7 @@ def test_a_decode_step_through_the_kernel_equals_the_matmul_path() -> None:
     contexts = [prompt(n, seed=n) for n in (5, 70, 1)]  # 70: past one 64-position chunk
     logits: dict[str, torch.Tensor] = {}
     for path in ("matmul", "triton"):
-        forward = BatchedForward(model, attention=path)
+        forward = BatchedForward(model, decode_attention=path)
         cache = forward.new_cache(max_slots=4, device="cpu")
         cache.reserve(3, 128)
         lengths = torch.tensor([len(c) for c in contexts])
@@ -193,7 +193,7 @@ def test_a_static_engine_through_the_kernel_keys_graphs_by_bucket_and_reads_real
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
     graphs = eng._runner.bucketed_decode
-    assert graphs is not None and eng._runner.forward.attention == "triton"
+    assert graphs is not None and eng._runner.forward.decode_attention == "triton"
     assert {length for _, length in graphs.steps} == {0}  # one key per bucket, whatever the lengths
     assert PATHS["triton"] - before == sum(graphs.steps.values())
     eng.close()
