@@ -93,7 +93,7 @@ def activation_reserve_bytes(shape: ModelShape, *, max_num_seqs: int, max_model_
     return sampling + decode + prefill + SLACK_BYTES
 
 
-def plan_kv_cache(memory: DeviceMemory, *, fraction: float, bytes_per_token: int, max_model_len: int,
+def plan_kv_cache(memory: DeviceMemory, *, gpu_memory_utilization: float, bytes_per_token: int, max_model_len: int,
                   max_num_seqs: int, reserve_bytes: int) -> KVPlan:
     """Slots of `max_model_len` positions that fit in this engine's share (module docstring).
 
@@ -103,6 +103,7 @@ def plan_kv_cache(memory: DeviceMemory, *, fraction: float, bytes_per_token: int
     1 GiB available) it gets 42 slots; with another process holding 60 GiB (18 GiB free), 725.
     Raises `ConfigError` naming `rollout.gpu_memory_utilization` when not one slot fits.
     """
+    fraction = gpu_memory_utilization  # the share of the device (module docstring)
     assert 0 < fraction <= 1 and bytes_per_token > 0 and max_model_len > 0 and max_num_seqs > 0
     m = memory
     share = int(fraction * m.total) - m.held

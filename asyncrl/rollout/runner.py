@@ -104,9 +104,9 @@ class StepRunner:
         reserve = activation_reserve_bytes(forward.shape, max_num_seqs=self.max_num_seqs,
                                            max_model_len=settings.max_model_len,
                                            max_prefill_tokens=settings.max_prefill_tokens)
-        plan = plan_kv_cache(memory, fraction=settings.gpu_memory_utilization, bytes_per_token=cache.bytes_per_token,
-                             max_model_len=settings.max_model_len, max_num_seqs=self.max_num_seqs,
-                             reserve_bytes=reserve)
+        plan = plan_kv_cache(memory, gpu_memory_utilization=settings.gpu_memory_utilization,
+                             bytes_per_token=cache.bytes_per_token, max_model_len=settings.max_model_len,
+                             max_num_seqs=self.max_num_seqs, reserve_bytes=reserve)
         cache.max_slots = self.max_num_seqs = plan.slots
         cache.allocate(plan.capacity)
         return plan

@@ -32,7 +32,8 @@ TINY_SLOT = 2 * 2 * 2 * 16 * 4 * 64
 
 def plan(free: float = 78, held: float = 2, **kw: float):
     """80 GiB device, `held` GiB by this process, `free` GiB free; 12 KiB a token, 2048 a slot."""
-    args = dict(fraction=0.5, bytes_per_token=12 * KiB, max_model_len=2048, max_num_seqs=256, reserve_bytes=1 * GiB)
+    args = dict(gpu_memory_utilization=0.5, bytes_per_token=12 * KiB, max_model_len=2048, max_num_seqs=256,
+                reserve_bytes=1 * GiB)
     memory = DeviceMemory(free=int(free * GiB), total=80 * GiB, held=int(held * GiB))
     return plan_kv_cache(memory, **{**args, **kw})
 
@@ -55,7 +56,7 @@ def test_plan_fits_the_share_minus_what_this_process_holds_minus_reserve():
     assert (p.slots, p.capacity, p.available_bytes) == (1578, 2048, 37 * GiB)
     assert p.kv_bytes == 1578 * 24 * MiB
     assert plan().slots == 256  # max_num_seqs caps it
-    assert plan(fraction=0.05).slots == 42  # 4 - 2 - 1 = 1 GiB: 42.7 slots
+    assert plan(gpu_memory_utilization=0.05).slots == 42  # 4 - 2 - 1 = 1 GiB: 42.7 slots
 
 
 def test_this_process_counts_against_the_share_other_processes_only_through_free():
