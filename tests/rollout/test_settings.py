@@ -4,6 +4,7 @@ in one place (`engine_settings`); defaults and ranges are the config's alone."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections import Counter
 from typing import Any
 
@@ -14,6 +15,9 @@ import asyncrl.rollout.settings as settings_module
 from asyncrl.config.schema import MultiTurnConfig, RolloutConfig
 from asyncrl.errors import ConfigError
 from asyncrl.rollout import EngineSettings, TorchEngine, engine_settings
+from asyncrl.rollout.generic import build_forward
+from asyncrl.rollout.memory import plan_kv_cache
+from asyncrl.rollout.scheduler import Scheduler
 from tests.rollout.rollout_testlib import EOS, tiny_model
 
 ROLLOUT_KEYS = {f.name for f in dataclasses.fields(RolloutConfig)}
@@ -53,6 +57,14 @@ def test_the_engine_reads_every_setting():
     values["device"] = torch.device("cpu")
     TorchEngine(tiny_model(), EOS, recording(EngineSettings, reads, **values)).close()
     assert set(reads) == SETTINGS, SETTINGS - set(reads)  # none is dead, none renamed on the way
+
+
+@pytest.mark.parametrize(("key", "consumer"), [
+    ("decode_attention", build_forward), ("fused_decode", build_forward), ("max_num_seqs", Scheduler),
+    ("kv_budget_tokens", Scheduler), ("admit_min_free_slots", Scheduler), ("gpu_memory_utilization", plan_kv_cache),
+])
+def test_the_code_a_setting_reaches_takes_the_keys_name(key, consumer):
+    assert key in inspect.signature(consumer).parameters
 
 
 def test_no_default_or_range_is_stated_twice():
