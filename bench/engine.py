@@ -34,7 +34,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from asyncrl.compute import compute_thread, pin_threads
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
+from asyncrl.config.schema import RolloutConfig
+from asyncrl.rollout import TorchEngine, engine_settings, run_sync
 from asyncrl.types import GenerationRequest, SamplingParams
 
 R = TypeVar("R")
@@ -93,8 +94,8 @@ def run_engine(model: LlamaForCausalLM, reqs: list[GenerationRequest], max_num_s
                compute: ThreadPoolExecutor) -> tuple[float, list[float]]:
     """(wall seconds, each request's time to first token in seconds)."""
     budget = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs) * max_num_seqs
-    engine = TorchEngine(model, 0, EngineSettings(max_num_seqs=max_num_seqs, kv_budget_tokens=budget, seed=0),
-                         executor=compute)
+    settings = engine_settings(RolloutConfig(max_num_seqs=max_num_seqs, kv_budget_tokens=budget), seed=0)
+    engine = TorchEngine(model, 0, settings, executor=compute)
     t0 = time.perf_counter()
     outs = run_sync(engine, reqs)
     elapsed = time.perf_counter() - t0

@@ -12,6 +12,8 @@
 - `kernels_per_decode_step` counts the device kernels of one replay of the engine's own decode
   graph, sampling included, with torch.profiler (on the CPU: the aten ops, the proxy the issue names).
 - `capture_seconds` sums the decode and prefill graphs' capture time, which a steady run excludes.
+- `KVReads` (kept by `StepLog`) sums the KV positions each decode step's attention reads, real
+  and padded to the matmul path's length.
 
 Timing only; correctness lives in tests/rollout and tests/gpu. Nothing here changes the engine.
 """
@@ -21,11 +23,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from asyncrl.rollout.graphs import attention_length
 
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.864e12}
 """Peak memory bandwidth by device-name fragment (H100 SXM; a PCIe H100 is 2.0e12: pass --hbm-tbs)."""
@@ -34,6 +38,31 @@ HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L40S": 0.86
 def hbm_bytes_per_s(device_name: str) -> float | None:
     """The card's peak HBM bandwidth from its name, None when unknown (the bound is then omitted)."""
     return next((bw for frag, bw in HBM_BYTES_PER_S.items() if frag in device_name), None)
+
+
+@dataclass
+class KVReads:
+    """Cached positions the decode attention reads, summed over decode steps: `real`, each row's
+    own length (what the split-KV kernel reads); `padded`, the bucket's rows to the attention
+    length (what the matmul path reads, padding rows included).
+
+    Example: rows at positions 99 and 299 in bucket 2: real 100 + 300 = 400, padded 2 x 512 = 1,024."""
+
+    steps: int = 0
+    real: int = 0
+    padded: int = 0
+
+    def add(self, positions: Sequence[int], bucket: int, capacity: int) -> None:
+        self.steps += 1
+        self.real += sum(positions) + len(positions)
+        self.padded += bucket * attention_length(max(positions), capacity)
+
+    def bytes_per_step(self, bytes_per_token: int, reads_length: bool) -> dict[str, float]:
+        """Mean KV-cache bytes (K and V, every layer) per decode step: `real`, `padded` and `read`
+        (the path the forward takes: real where the kernel reads each row's length)."""
+        per_step = bytes_per_token / max(self.steps, 1)
+        real, padded = self.real * per_step, self.padded * per_step
+        return {"real": real, "padded": padded, "read": real if reads_length else padded}
 
 
 @dataclass
@@ -46,6 +75,8 @@ class StepLog:
     """Sum over decode steps of the real context of every decode row (positions + 1)."""
     decode_steps: int = 0
     prefill_tokens: int = 0
+    kv_reads: KVReads = field(default_factory=KVReads)
+    """The bucketed decode's reads, real and padded (`KVReads.bytes_per_step`)."""
 
     def attach(self, runner: Any) -> Callable[[], None]:
         """Record every `runner.run(plan)` from now on; returns the function that stops it."""
@@ -55,6 +86,10 @@ class StepLog:
             start = time.perf_counter()
             result = original(plan)
             self.record(plan, time.perf_counter() - start)
+            decode = runner.bucketed_decode
+            if plan.decode_positions and decode is not None:
+                bucket = decode.key(plan.decode_positions)[0]
+                self.kv_reads.add(plan.decode_positions, bucket, runner.cache.capacity)
             return result
 
         runner.run = run
@@ -116,10 +151,38 @@ def kv_bytes_per_token(model: torch.nn.Module, dtype: torch.dtype) -> int:
 
 
 def graph_sets(runner: Any) -> list[Any]:
-    """The runner's graph owners (decode, and prefill where it is captured): objects with
-    `steps` (a Counter of keys) and `replay_s(key, iters)`."""
-    return [g for g in (getattr(runner, "graphs", None), getattr(runner, "prefill_graphs", None))
-            if g is not None and hasattr(g, "replay_s")]
+    """The runner's bucketed steps (decode, and prefill where it has buckets): objects with
+    `steps` (a Counter of keys), `capture_s` and their graphs (`replay_s`)."""
+    return [g for g in (getattr(runner, "bucketed_decode", None), getattr(runner, "bucketed_prefill", None))
+            if g is not None]
+
+
+def step_of(graphs: Any, key: Any) -> Callable[[], None]:
+    """`key`'s step again: the decode's (its graph's replay on CUDA, else eager, sampling
+    included), or a prefill graph's replay."""
+    if hasattr(graphs, "step_of"):
+        return graphs.step_of(key)
+    assert graphs.graphs is not None, "replay times are a captured graph's"
+    return graphs.graphs.replay_of(key)
+
+
+def replay_s(graphs: Any, key: Any, iters: int) -> float:
+    """Mean seconds of one replay of `key`'s step, for the own-mix floor. Replays rewrite the
+    cache positions that step wrote: run it only after the engine is done with the cache."""
+    return mean_seconds(step_of(graphs, key), iters, graphs.cache.device if graphs.capture else None)
+
+
+def mean_seconds(step: Callable[[], None], iters: int, cuda: torch.device | None) -> float:
+    """Mean seconds of `step` over `iters` calls after one warm-up; on `cuda`, synchronised around them."""
+    step()
+    if cuda is not None:
+        torch.cuda.synchronize(cuda)
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    if cuda is not None:
+        torch.cuda.synchronize(cuda)
+    return (time.perf_counter() - start) / iters
 
 
 def capture_seconds(runner: Any) -> float:
@@ -148,7 +211,7 @@ def own_mix_floor(runner: Any, iters: int, budget_s: float, since: list[Counter[
         for key, count in ran.most_common():
             if time.perf_counter() - start < budget_s:
                 with torch.inference_mode():  # the engine's tensors are inference tensors
-                    seconds = graphs.replay_s(key, iters)
+                    seconds = replay_s(graphs, key, iters)
                 times.append(seconds)
                 floor_s += count * seconds
                 timed += 1

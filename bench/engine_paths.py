@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from asyncrl.config.schema import RolloutConfig
 from asyncrl.rollout import TorchEngine, run_sync
-from asyncrl.rollout.settings import EngineSettings, ForwardChoice
+from asyncrl.rollout.settings import ForwardChoice, engine_settings
 from asyncrl.types import GenerationRequest, SamplingParams
 
 HIDDEN, LAYERS, HEADS, VOCAB = 128, 4, 4, 128  # the built-in tiny model's size
@@ -50,7 +51,8 @@ def tokens_per_s(model: torch.nn.Module, forward: ForwardChoice, reqs: list[Gene
                  repeats: int) -> float:
     best = 0.0
     for _ in range(repeats):
-        engine = TorchEngine(model, 0, EngineSettings(max_num_seqs=len(reqs), seed=0, forward=forward))
+        rollout = RolloutConfig(max_num_seqs=len(reqs), kv_budget_tokens=32768)
+        engine = TorchEngine(model, 0, engine_settings(rollout, seed=0, forward=forward))
         start = time.perf_counter()
         outs = run_sync(engine, reqs)
         best = max(best, sum(len(o.response_ids) for o in outs) / (time.perf_counter() - start))

@@ -57,6 +57,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's asyncrl, without PYTHONPATH
 
 from asyncrl.compute import compute_thread, pin_threads  # noqa: E402
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync  # noqa: E402
+from asyncrl.config.schema import RolloutConfig  # noqa: E402
+from asyncrl.rollout import TorchEngine, engine_settings, run_sync  # noqa: E402
 from asyncrl.rollout.sampler import SamplingMode  # noqa: E402
 from asyncrl.types import GenerationRequest, SamplingParams, Trajectory  # noqa: E402
 from bench.engine import left_padded  # noqa: E402
@@ -78,6 +80,7 @@ from bench.engine_diag import (  # noqa: E402
     kernels_per_decode_step,
     kv_bytes_per_token,
     own_mix_floor,
+    replay_s,
     step_counts,
     weight_bytes,
 )
@@ -88,7 +91,7 @@ PARTS: dict[str, dict[str, Any]] = {
     "fused_decode": dict(fused_decode="off"),  # HF's modules, unfused
     "decode_attention": dict(decode_attention="matmul"),  # rows padded to a power-of-two length
 }
-"""Issue 24's engine parts, each by the EngineSettings that turn it off (today's path); `--off`
+"""Issue 24's engine parts, each by the `rollout.*` keys that turn it off (today's path); `--off`
 names some of them, `--off all` every one. KV moves in one operation have no switch (the stacked
 cache replaced the per-buffer copies)."""
 
@@ -149,7 +152,7 @@ def engine_floor(runner: Any, batch: int, context: int, params: SamplingParams, 
     its graph (its forward as the run's settings built it, the sampling inside the graph; eager on
     the CPU): batch / step time, and the kernels one replay launches. Run after the engine's runs:
     it writes cache positions and counts a step of its own."""
-    graphs = runner.graphs
+    graphs = runner.bucketed_decode
     rows = min(batch, runner.max_num_seqs)
     positions = [context - 1] * rows
     mode = SamplingMode.of([params] * rows)
@@ -157,10 +160,10 @@ def engine_floor(runner: Any, batch: int, context: int, params: SamplingParams, 
         runner.cache.reserve(rows, context)  # the CPU's cache grows with its rows; a GPU's is sized already
         graphs(positions, mode)  # captured here if the run never had a full batch (CUDA)
         key = graphs.key(positions)
-        seconds = graphs.replay_s(key, iters)
+        seconds = replay_s(graphs, key, iters)
     forward = runner.forward
     return dict(floor_step_ms=seconds * 1e3, floor_tokens_per_s=rows / seconds, floor_rows=rows, floor_key=list(key),
-                floor_forward=dict(fused=forward.fused, attention=forward.attention),
+                floor_forward=dict(fused=forward.fused_decode, attention=forward.decode_attention),
                 **kernels_per_decode_step(graphs, key, runner.device))
 
 
@@ -169,11 +172,12 @@ def run_engine(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: in
     """Every request at once, `args.engine_runs` times on one engine (the first captures the
     graphs), with the parts named by `args.off` turned off; then the diagnostics of the last run."""
     max_model_len = max(len(r.prompt_ids) + r.params.max_tokens for r in reqs)
-    settings = EngineSettings(max_num_seqs=batch, kv_budget_tokens=max_model_len * batch, max_model_len=max_model_len,
-                              device=str(device), seed=0, static_decode=True, **off_settings(args.off))
+    rollout = RolloutConfig(max_num_seqs=batch, kv_budget_tokens=max_model_len * batch, **off_settings(args.off))
+    # cuda_graphs on the CPU too: the same static path, run eagerly there
+    settings = replace(engine_settings(rollout, device=device, seed=0, max_model_len=max_model_len), cuda_graphs=True)
     engine = TorchEngine(model, 0, settings, executor=compute)
     runner = engine._runner
-    graphs = runner.graphs
+    graphs = runner.bucketed_decode
     assert graphs is not None, "the static path needs the fast forward"
     useful = sum(r.params.max_tokens for r in reqs)
     walls, steady = [], []
@@ -198,7 +202,8 @@ def run_engine(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: in
                mean_decode_rows=useful / max(steps.decode_steps, 1),
                kv_slots=runner.max_num_seqs, kv_cache_gib=None if kv is None else kv.kv_bytes / 2**30,
                max_model_len=max_model_len, **steps.summary(), **first_token_percentiles(outs))
-    row.update({f"kv_bytes_per_step_{k}": v for k, v in graphs.kv_bytes_per_step().items()})  # real, padded, read
+    reads = steps.kv_reads.bytes_per_step(runner.cache.bytes_per_token, runner.forward.decode_attention == "triton")
+    row.update({f"kv_bytes_per_step_{k}": v for k, v in reads.items()})  # the last run's: real, padded, read
     # the last run's own mix of steps (counts since it started), then the full-batch floor, both on its graphs
     row.update(on(compute, own_mix_floor, runner, args.floor_iters // 10 or 1, args.floor_budget_s, counts_before))
     row["engine_vs_own_mix_floor"] = row["own_mix_floor_s"] / steady[-1] if row["own_mix_floor_s"] else None
@@ -212,7 +217,7 @@ def run_engine(model: Qwen2ForCausalLM, reqs: list[GenerationRequest], batch: in
 
 
 def off_settings(parts: list[str]) -> dict[str, Any]:
-    """The EngineSettings overrides that turn the named parts off."""
+    """The `rollout.*` keys that turn the named parts off."""
     overrides: dict[str, Any] = {}
     for part in parts:
         overrides.update(PARTS[part])

@@ -10,7 +10,7 @@ appended; the next turn's prompt is the whole conversation so far (as a multi-tu
 sends it).
 
 Modes:
-- none: `EngineSettings.prefix_cache` off: every turn prefills its whole conversation;
+- none: the prefix cache off (`rollout.multi_turn.enable=false`): every turn prefills its whole conversation;
 - release: the cache on (what `rollout.multi_turn.enable` turns on), entries evictable during
   the tool wait (`rollout.multi_turn.keep_slot=release`);
 - keep: the cache on, each turn's entry pinned during the tool wait (`TorchEngine.pin`,
@@ -47,7 +47,8 @@ from typing import Any
 import torch
 from transformers import LlamaForCausalLM
 
-from asyncrl.rollout import EngineSettings, TorchEngine
+from asyncrl.config.schema import MultiTurnConfig, RolloutConfig
+from asyncrl.rollout import TorchEngine, engine_settings
 from asyncrl.types import GenerationRequest, SamplingParams
 from bench.engine import ForeignLoad, build_model
 
@@ -87,8 +88,9 @@ async def conversation(eng: TorchEngine, i: int, mode: str, args: argparse.Names
 def run_mode(model: LlamaForCausalLM, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     vocab = model.config.vocab_size
     system = tokens(random.Random(0), args.system, vocab)
-    settings = EngineSettings(max_num_seqs=args.max_num_seqs, kv_budget_tokens=args.kv_budget, seed=0,
-                              prefix_cache=mode != "none", num_threads=args.threads)
+    rollout = RolloutConfig(max_num_seqs=args.max_num_seqs, kv_budget_tokens=args.kv_budget,
+                            multi_turn=MultiTurnConfig(enable=mode != "none"))
+    settings = engine_settings(rollout, seed=0, num_threads=args.threads)
 
     async def main() -> tuple[list[list[float]], TorchEngine]:
         eng = TorchEngine(model, 0, settings)

@@ -38,7 +38,7 @@ Semantics callers rely on:
 - An engine is bound to one event loop at a time; after that loop ends (e.g. `asyncio.run`
   returns) the next `generate` from a new loop restarts it, with nothing left in flight.
 - Call `generate`/`abort`/`pause`/`resume`/`stats` from the event-loop thread only.
-- On CUDA with static decode the KV cache is allocated when the engine is built: `max_num_seqs`
+- On CUDA with `rollout.cuda_graphs` the KV cache is allocated when the engine is built: `max_num_seqs`
   slots of `max_model_len` tokens, within `gpu_memory_utilization` of the device
   (`asyncrl.rollout.memory`); fewer slots when they do not fit (logged once), `ConfigError` when
   not one does. A request longer than `max_model_len` raises `RolloutError` from `generate`.
@@ -46,10 +46,10 @@ Semantics callers rely on:
   (`asyncrl.oom`: one line naming `rollout.gpu_memory_utilization` and the trainer's budgets),
   from the constructor or from the step's requests' `generate`.
 
-- With `EngineSettings.prefix_cache` a finished sequence's K/V stay in a free slot, and a request
-  whose prompt starts with them prefills only the rest (`asyncrl.rollout.prefix_cache`: a
-  multi-turn episode's next turn); `pin`/`unpin` hold an entry through a tool call. A weight
-  load drops the unpinned entries.
+- With `EngineSettings.prefix_cache` (rollout.multi_turn.enable) a finished sequence's K/V stay
+  in a free slot, and a request whose prompt starts with them prefills only the rest
+  (`asyncrl.rollout.prefix_cache`: a multi-turn episode's next turn); `pin`/`unpin` hold an
+  entry through a tool call. A weight load drops the unpinned entries.
 
 Not here: tokenization, chunked prefill, speculative decoding, tensor parallel.
 """
@@ -79,7 +79,7 @@ from asyncrl.rollout.prefix_cache import PrefixCache
 from asyncrl.rollout.runner import StepRunner
 from asyncrl.rollout.scheduler import Scheduler, StepPlan, StepResult
 from asyncrl.rollout.sequence import Sequence
-from asyncrl.rollout.settings import EngineSettings
+from asyncrl.rollout.settings import EngineSettings, engine_settings
 from asyncrl.types import EngineStats, GenerationRequest, Trajectory
 
 _RATE_WINDOW_S = 10.0
@@ -89,30 +89,26 @@ logger = logging.getLogger("asyncrl.rollout")
 class TorchEngine:
     """Continuous-batching generation over a HF causal LM, with async abort/pause/weight load."""
 
-    def __init__(self, model: nn.Module, eos_token_id: int | list[int], settings: EngineSettings = EngineSettings(),
+    def __init__(self, model: nn.Module, eos_token_id: int | list[int], settings: EngineSettings | None = None,
                  *, version: int = 0, executor: Executor | None = None) -> None:
-        """`version`: the weight version of `model` (tokens carry it until `load_weights`);
-        `executor`: a compute thread to run steps on (shared with other torch work), else its own."""
+        """`settings`: `engine_settings(...)` (None: the `rollout.*` defaults on the CPU); `version`:
+        the weight version of `model` (tokens carry it until `load_weights`); `executor`: a compute
+        thread to run steps on (shared with other torch work), else its own."""
+        settings = engine_settings() if settings is None else settings
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self._eos_ids = tuple(int(t) for t in eos)
         # a colocated or processes trainer holds the rest of the device: its budgets count too
         self._memory_keys = (f"rollout.gpu_memory_utilization (now {settings.gpu_memory_utilization:g})",
                              "actor.ppo_micro_batch_tokens", "actor.log_prob_micro_batch_tokens")
         with out_of_memory_as("building the rollout engine (its KV cache and CUDA graphs)", self._memory_keys):
-            self._runner = StepRunner(
-                model, max_num_seqs=settings.max_num_seqs, device=settings.device, version=version,
-                forward=settings.forward, static_decode=settings.decode_graphs,
-                max_model_len=settings.model_len, gpu_memory_utilization=settings.gpu_memory_utilization,
-                max_prefill_tokens=settings.max_prefill_tokens, decode_attention=settings.decode_attention,
-                fused_decode=settings.fused_decode, packed_prefill=settings.packed_prefill,
-            )
+            self._runner = StepRunner(model, settings, version)
         self._vocab_size = self._runner.forward.vocab_size
         self._log_limits(model, settings.max_num_seqs)
         self._prefix = self._prefix_cache(settings)
         self._scheduler = Scheduler(self._runner.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens,
-                                    min_free_slots=settings.admit_free_slots, prefix=self._prefix)
+                                    admit_min_free_slots=settings.admit_min_free_slots, prefix=self._prefix)
         self._kv_budget = settings.kv_budget_tokens
-        self._max_model_len = settings.model_len
+        self._max_model_len = settings.max_model_len
         self._num_threads = settings.num_threads
         self._keys = random.Random(settings.seed)
         """Where the sampling keys of requests without a seed come from, one per request."""
@@ -150,7 +146,7 @@ class TorchEngine:
             logger.warning("TorchEngine: no prefix cache on the generic path's per-row HF cache")
         if not settings.prefix_cache or not self._runner.prefix_cacheable:
             return None
-        return PrefixCache(self._runner.max_num_seqs, settings.model_len - 1)  # graph padding rows write the last
+        return PrefixCache(self._runner.max_num_seqs, settings.max_model_len - 1)  # graph padding rows write the last
 
     # ---- public API ----
 
@@ -372,9 +368,10 @@ class TorchEngine:
 
     async def _wait_for_work(self, loop: asyncio.AbstractEventLoop) -> None:
         self._wakeup.clear()
-        # Idle: give the cache's memory back, unless graphs were captured over it (static decode)
+        # Idle: give the cache's memory back, unless graphs were captured over it (cuda_graphs)
         # or it holds prefix-cache entries (a multi-turn episode's next turn comes after its tools).
-        if not self._scheduler.running and self._runner.cache.allocated_tokens and self._runner.graphs is None \
+        runner = self._runner
+        if not self._scheduler.running and runner.cache.allocated_tokens and runner.bucketed_decode is None \
                 and not self._prefix:
             await loop.run_in_executor(self._compute(), self._runner.release_cache)
             if self._wakeup.is_set():

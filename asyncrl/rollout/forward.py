@@ -7,7 +7,7 @@ or tied embeddings) and the model's own rotary module for cos/sin: that module b
 with transformers' rope init function for the config's `rope_parameters`, so Llama 3's "llama3"
 scaling (and "linear", "yarn", ...) come for free and logits match the HF forward to float
 rounding. Only attention is reimplemented: it reads/writes `SlotKVCache` and masks each row.
-With `fused=True` (`rollout.fused_decode`, CUDA's default) the decode step instead runs merged
+With `fused_decode=True` (`rollout.fused_decode`, CUDA's default) the decode step instead runs merged
 q/k/v and gate/up matmuls (`asyncrl.rollout.merged`) and Triton kernels for residual add +
 RMSNorm, q/k norm + rotary + the K/V write, and SiLU-multiply (`asyncrl.rollout.kernels`),
 rounding as the HF modules do; prefill keeps the HF modules (whose weights are then the merged
@@ -36,6 +36,7 @@ from asyncrl.rollout.attention import DecodeAttentionPath, StepAttention
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.merged import MergedLayer, merge_layer
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, cached_attention, causal_attention, packed_attention
+from asyncrl.scheduling.micro_budget import ModelShape
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
@@ -138,7 +139,8 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 class BatchedForward:
     """Prefill and decode steps over a batch of sequences living in cache slots."""
 
-    def __init__(self, model: nn.Module, *, fused: bool = False, attention: DecodeAttentionPath = "matmul") -> None:
+    def __init__(self, model: nn.Module, *, fused_decode: bool = False,
+                 decode_attention: DecodeAttentionPath = "matmul") -> None:
         check_supported(model)
         lm = cast(_CausalLM, model)
         config = lm.config
@@ -153,16 +155,20 @@ class BatchedForward:
         self.vocab_size: int = config.vocab_size
         self.hidden_size: int = config.hidden_size
         self.intermediate_size: int = config.intermediate_size
+        shape = ModelShape.from_hf(config)
+        assert shape is not None, "check_supported admits only configs with every size"
+        self.shape: ModelShape = shape
+        """The sizes that set the engine's activation memory (`asyncrl.rollout.memory`)."""
         self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
-        self.attention: DecodeAttentionPath = attention
+        self.decode_attention: DecodeAttentionPath = decode_attention
         """Decode attention: "matmul" to a padded length, "triton" over each row's own (`asyncrl.rollout.attention`)."""
-        self.fused = fused
+        self.fused_decode = fused_decode
         """Decode through the fused step (merged projections, `asyncrl.rollout.kernels`); False:
         through HF's modules. Prefill takes HF's modules either way (their weights are the merged
         buffers' rows when fused)."""
         self._kernels: ModuleType | None = None
         self._merged: list[MergedLayer] = []
-        if fused:  # imported here: @triton.jit reads TRITON_INTERPRET when the module is imported
+        if fused_decode:  # imported here: @triton.jit reads TRITON_INTERPRET when the module is imported
             self._kernels = importlib.import_module("asyncrl.rollout.kernels.elementwise")
             self._merged = [merge_layer(cast(nn.Module, layer.self_attn), layer.mlp) for layer in self.layers]
 
@@ -243,7 +249,7 @@ class BatchedForward:
         """One token per row; row i lives in slot i and its token sits at `positions[i]`.
 
         token_ids, positions: (B,) int64. Returns logits (B, V) in float32, written into `out`
-        when given. Attention (`self.attention`, see `asyncrl.rollout.attention.StepAttention`):
+        when given. Attention (`self.decode_attention`, see `asyncrl.rollout.attention.StepAttention`):
         matmul reads the first `length` cached positions of every row (default: up to the
         furthest row, read from the device; a length given by the host, as CUDA graphs need,
         keeps every shape static and reads no tensor on the host; every position < `length`
@@ -251,7 +257,7 @@ class BatchedForward:
         positions + 1; 0 for a padding row, which reads nothing), with no host read either way.
         """
         b = token_ids.shape[0]
-        attend = StepAttention(self.attention, cache, positions, heads=self.num_heads, scale=self.scaling,
+        attend = StepAttention(self.decode_attention, cache, positions, heads=self.num_heads, scale=self.scaling,
                                lengths=lengths, length=length)
         rows = torch.arange(b, device=token_ids.device)
         h = self.base.embed_tokens(token_ids)  # (B, hidden)

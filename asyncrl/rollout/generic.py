@@ -59,14 +59,15 @@ class StepForward(Protocol):
                 first_slot: int) -> torch.Tensor: ...
 
 
-def build_forward(model: nn.Module, choice: ForwardChoice = "auto", *, attention: DecodeAttentionPath = "matmul",
-                  fused: bool = False) -> tuple[StepForward, str | None]:
+def build_forward(model: nn.Module, choice: ForwardChoice = "auto", *,
+                  decode_attention: DecodeAttentionPath = "matmul",
+                  fused_decode: bool = False) -> tuple[StepForward, str | None]:
     """(forward, why the fast path was not taken or None): the fast forward (decode attention by
-    `attention`, the fused decode step when `fused`) when it reproduces `model` exactly, else (or
+    `decode_attention`, the fused decode step when `fused_decode`) when it reproduces `model` exactly, else (or
     when `choice` is "generic": benchmarks, debugging) a `GenericForward`."""
     problem = "forward='generic' was asked for" if choice == "generic" else fast_path_problem(model)
     if problem is None:
-        return BatchedForward(model, attention=attention, fused=fused), None
+        return BatchedForward(model, decode_attention=decode_attention, fused_decode=fused_decode), None
     return GenericForward(model), problem
 
 

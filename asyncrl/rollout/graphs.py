@@ -14,7 +14,7 @@ sampler's buffers (`asyncrl.rollout.sampler.DeviceSampler`), every shape fixed, 
   of two >= the furthest row's position + 1, at least 128, at most the cache's capacity), masked
   per row; reading L rather than the whole capacity keeps a short-context step from paying for a
   cache sized for the longest sequence, and the key is (bucket, L).
-`kv_reads` sums what each would read (`KVReads`; `kv_bytes_per_step` for the engine bench).
+(What each path reads per step is the engine bench's count: `bench/engine_diag.py`'s `KVReads`.)
 
 On CUDA each key, with the step's sampling mode, is captured once, lazily, into a `torch.cuda.CUDAGraph`; all graphs
 share one memory pool and write their logits into one output buffer (so the pool holds one
@@ -23,7 +23,8 @@ the engine's step thread captures while a trainer thread in the same process may
 which the default global mode would make fail. Weights are loaded in place, so graphs stay
 valid across syncs. A cache whose buffers are replaced bumps its `generation`, and graphs over
 the old buffers are captured again (the sized GPU cache is allocated once; on the CPU the cache
-grows, but nothing is captured there).
+grows, but nothing is captured there). `CapturedGraphs` is that capture, written once for the
+decode and the prefill buckets.
 
 Padding rows (at the cache's last position, length 0, whatever token their slot sampled last)
 sit in the slots after the real rows: those are free, or belong to this step's prefill rows,
@@ -34,15 +35,15 @@ eagerly (`capture=False`), which is how the tests check it.
 `BucketedPrefill` does the same for the packed prefill on CUDA (`asyncrl.rollout.prefill`): its
 token count rounded up to a bucket, one graph per (token bucket, row bucket).
 
-Not here: what to decode or prefill, reading the sampled tokens.
+Not here: what to decode or prefill, reading the sampled tokens, timing replays (the engine
+bench's `bench/engine_diag.py`).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
@@ -50,6 +51,7 @@ from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, layout_size, pack_prompts
 from asyncrl.rollout.sampler import DeviceSampler, SamplingMode
+from asyncrl.rollout.sizes import pow2_at_least
 from asyncrl.rollout.transfer import copy_from_host, to_device
 
 MIN_ATTENTION_LENGTH = 128
@@ -70,28 +72,7 @@ def attention_length(max_position: int, capacity: int, minimum: int = MIN_ATTENT
     Example: capacity 2304: max_position 5 -> 128, 127 -> 128, 128 -> 256, 300 -> 512,
     2100 -> 2304."""
     assert max_position < capacity, (max_position, capacity)
-    length = minimum
-    while length < max_position + 1:
-        length *= 2
-    return min(length, capacity)
-
-
-@dataclass
-class KVReads:
-    """Cached positions the decode attention reads, summed over decode steps: `real`, each row's
-    own length (what the split-KV kernel reads); `padded`, the bucket's rows to the attention
-    length (what the matmul path reads, padding rows included).
-
-    Example: rows at positions 99 and 299 in bucket 2: real 100 + 300 = 400, padded 2 x 512 = 1,024."""
-
-    steps: int = 0
-    real: int = 0
-    padded: int = 0
-
-    def add(self, positions: Sequence[int], bucket: int, capacity: int) -> None:
-        self.steps += 1
-        self.real += sum(positions) + len(positions)
-        self.padded += bucket * attention_length(max(positions), capacity)
+    return min(pow2_at_least(max_position + 1, minimum), capacity)
 
 
 class BucketedDecode:
@@ -107,22 +88,25 @@ class BucketedDecode:
         self.sampler = sampler
         self.sizes = bucket_sizes(max_rows)
         self.capture = capture
-        self.captures = 0
-        """Graphs captured so far (a key is captured again after the cache's buffers change)."""
-        self.capture_s = 0.0
-        """Wall time spent capturing them (warm-up run included)."""
+        self.graphs = CapturedGraphs(cache) if capture else None
+        """The captured graphs, keyed (bucket, attention length, sampling mode); None: eager."""
         self.steps: Counter[tuple[int, int]] = Counter()
         """Decode steps per (bucket, attention length) key, keys in the order first run."""
-        self.kv_reads = KVReads()
-        """KV positions read by the steps so far, real and padded (`kv_bytes_per_step`)."""
-        self._reads_length = forward.attention == "triton"
+        self._reads_length = forward.decode_attention == "triton"
         device = cache.device
         self._inputs = torch.zeros(max_rows, 2, dtype=torch.int64, device=device)  # (rows, position|length)
         self._logits = torch.zeros(max_rows, forward.vocab_size, dtype=torch.float32, device=device)
-        # (bucket, length, sampling mode) -> (graph, the cache generation it was captured over)
-        self._graphs: dict[tuple[int, int, SamplingMode], tuple[torch.cuda.CUDAGraph, int]] = {}
         self._modes: dict[tuple[int, int], SamplingMode] = {}  # key -> the sampling mode it last ran
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far (a key is captured again after the cache's buffers change)."""
+        return 0 if self.graphs is None else self.graphs.captures
+
+    @property
+    def capture_s(self) -> float:
+        """Wall time spent capturing them (warm-up runs included)."""
+        return 0.0 if self.graphs is None else self.graphs.capture_s
 
     def __call__(self, positions: Sequence[int], mode: SamplingMode) -> None:
         """One decode step of the rows in slots 0..B-1 at `positions`, each fed its slot's last
@@ -134,16 +118,14 @@ class BucketedDecode:
         host[:b, 0] = torch.tensor(positions, dtype=torch.int64)
         host[:b, 1] = host[:b, 0] + 1
         copy_from_host(self._inputs[:size], host)
-        self.kv_reads.add(positions, size, self.cache.capacity)
         self.steps[key] += 1
         self._modes[key] = mode
-        if not self.capture:
+        if self.graphs is None:
             self._run(size, length, mode)
             return
-        graph, generation = self._graphs.get((*key, mode), (None, -1))
-        if graph is None or generation != self.cache.generation:
-            graph = self._capture(size, length, mode)
-        graph.replay()
+        # the warm-up before a capture samples over the input tokens: the capture needs them back
+        self.graphs.replay((size, length, mode), lambda: self._run(size, length, mode),
+                           keep=self.sampler.tokens[:size])
 
     def key(self, positions: Sequence[int]) -> tuple[int, int]:
         """The (bucket, attention length) key of a step of rows at `positions`; the length is 0 where
@@ -157,47 +139,13 @@ class BucketedDecode:
                             lengths=inputs[:, 1], out=logits)
         self.sampler.sample_rows(logits, 0, mode)
 
-    def kv_bytes_per_step(self) -> dict[str, float]:
-        """Mean KV-cache bytes (K and V, every layer) decode attention reads per step so far:
-        `real` (each row's own length), `padded` (the matmul path: the bucket's rows to the
-        attention length) and `read` (the path this forward takes). For the engine bench."""
-        per_step = self.cache.bytes_per_token / max(self.kv_reads.steps, 1)
-        real, padded = self.kv_reads.real * per_step, self.kv_reads.padded * per_step
-        return {"real": real, "padded": padded, "read": real if self._reads_length else padded}
-
-    def _capture(self, size: int, length: int, mode: SamplingMode) -> torch.cuda.CUDAGraph:
-        """Warm up on a side stream (as torch requires before capture), then capture. Both see
-        this step's real inputs, so their K/V writes are the ones the step makes; the warm-up
-        samples over its input tokens, which are put back for the replay that follows."""
-        start = time.perf_counter()
-        tokens = self.sampler.tokens[:size].clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._run(size, length, mode)
-        torch.cuda.current_stream().wait_stream(side)
-        self.sampler.tokens[:size].copy_(tokens)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self._run(size, length, mode)
-        self._graphs[(size, length, mode)] = graph, self.cache.generation
-        self.captures += 1
-        self.capture_s += time.perf_counter() - start
-        return graph
-
-    def replay_s(self, key: tuple[int, int], iters: int) -> float:
-        """Mean seconds of one replay of `key`'s step (its graph on CUDA, eager on the CPU), for the
-        engine bench's own-mix floor. Replays rewrite the cache positions that step wrote: run it
-        only after the engine is done with the cache."""
-        return mean_seconds(self.step_of(key), iters, self.cache.device if self.capture else None)
-
     def step_of(self, key: tuple[int, int], *, eager: bool = False) -> Callable[[], None]:
         """`key`'s last step again, sampling included: its graph's replay on CUDA (unless `eager`:
         the calls it captured, run eagerly), else the eager step. For the engine bench; it rewrites
         the cache positions that step wrote."""
         mode = self._modes[key]
-        if self.capture and not eager:
-            return self._graphs[(*key, mode)][0].replay
+        if self.graphs is not None and not eager:
+            return self.graphs.replay_of((*key, mode))
         return lambda: self._run(*key, mode)
 
 
@@ -246,8 +194,9 @@ class BucketedPrefill:
         self.token_sizes = prefill_token_buckets(max_tokens)
         self.row_sizes = bucket_sizes(max_rows)
         self.capture = capture
-        self.captures = 0
-        self.capture_s = 0.0
+        self.graphs = CapturedGraphs(cache) if capture else None
+        """The captured graphs, keyed (token bucket, row bucket), in a pool of their own (prefill
+        temporaries are far larger than decode's); None: eager."""
         self.steps: Counter[tuple[int, int]] = Counter()
         """Prefills per (token bucket, row bucket) key, in the order first run."""
         self.eager = 0
@@ -255,8 +204,14 @@ class BucketedPrefill:
         device = cache.device
         self._flat = torch.zeros(layout_size(self.token_sizes[-1], max_rows), dtype=torch.int64, device=device)
         self._logits = torch.zeros(max_rows, forward.vocab_size, dtype=torch.float32, device=device)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, int]] = {}  # key -> (graph, generation)
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
+
+    @property
+    def captures(self) -> int:
+        return 0 if self.graphs is None else self.graphs.captures
+
+    @property
+    def capture_s(self) -> float:
+        return 0.0 if self.graphs is None else self.graphs.capture_s
 
     def __call__(self, contexts: Sequence[Sequence[int]], first_slot: int) -> torch.Tensor:
         """Logits (len(contexts), V) float32 of each prompt's last token; prompts go to slots
@@ -271,13 +226,10 @@ class BucketedPrefill:
         flat, lengths = pack_prompts(contexts, first_slot, tokens=key[0], rows=key[1], capacity=self.cache.capacity)
         copy_from_host(self._flat[: flat.numel()], flat)
         self.steps[key] += 1
-        if not self.capture:
+        if self.graphs is None:
             self._run(key, lengths)
-            return self._logits[:n]
-        graph, generation = self._graphs.get(key, (None, -1))
-        if graph is None or generation != self.cache.generation:
-            graph = self._capture(key, lengths)
-        graph.replay()
+        else:
+            self.graphs.replay(key, lambda: self._run(key, lengths))
         return self._logits[:n]
 
     def _run(self, key: tuple[int, int], lengths: tuple[int, ...]) -> None:
@@ -285,39 +237,52 @@ class BucketedPrefill:
         packed = PackedPrompts.view(self._flat, tokens, rows, lengths, longest=tokens)
         self.forward.prefill_packed(self.cache, packed, self.path, out=self._logits[:rows])
 
-    def _capture(self, key: tuple[int, int], lengths: tuple[int, ...]) -> torch.cuda.CUDAGraph:
-        """As `BucketedDecode._capture`: a warm-up on a side stream, then the capture, both over
-        this step's real inputs (their K/V writes are the step's own)."""
+
+class CapturedGraphs:
+    """CUDA graphs by key over one cache, captured lazily into one memory pool, and captured again
+    once the cache's buffers are replaced (`SlotKVCache.generation`): the decode and the prefill
+    buckets each hold one."""
+
+    def __init__(self, cache: SlotKVCache) -> None:
+        self.cache = cache
+        self.captures = 0
+        """Graphs captured so far."""
+        self.capture_s = 0.0
+        """Wall time spent capturing them (warm-up runs included)."""
+        self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, int]] = {}  # key -> (graph, cache generation)
+        self._pool = torch.cuda.graph_pool_handle()
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def replay(self, key: Hashable, run: Callable[[], None], *, keep: torch.Tensor | None = None) -> None:
+        """Replay `key`'s graph, capturing `run` first when there is none over today's buffers."""
+        graph, generation = self._graphs.get(key, (None, -1))
+        if graph is None or generation != self.cache.generation:
+            graph = self._capture(key, run, keep)
+        graph.replay()
+
+    def replay_of(self, key: Hashable) -> Callable[[], None]:
+        """`key`'s captured replay (for the engine bench's floors)."""
+        return self._graphs[key][0].replay
+
+    def _capture(self, key: Hashable, run: Callable[[], None], keep: torch.Tensor | None) -> torch.cuda.CUDAGraph:
+        """Warm up on a side stream (as torch requires before capture), then capture. Both see
+        this step's real inputs, so their K/V writes are the ones the step makes; `keep`, which
+        the warm-up overwrites and the capture reads, is put back in between."""
         start = time.perf_counter()
+        kept = None if keep is None else keep.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._run(key, lengths)
+            run()
         torch.cuda.current_stream().wait_stream(side)
+        if keep is not None and kept is not None:
+            keep.copy_(kept)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self._run(key, lengths)
+            run()
         self._graphs[key] = graph, self.cache.generation
         self.captures += 1
         self.capture_s += time.perf_counter() - start
         return graph
-
-    def replay_s(self, key: tuple[int, int], iters: int) -> float:
-        """Mean seconds of one replay of `key`'s graph, for the engine bench's own-mix floor. A
-        replay rewrites the K/V of the last prefill run under that key: run it only after the
-        engine is done with the cache."""
-        assert self.capture, "replay times are a captured graph's"
-        return mean_seconds(self._graphs[key][0].replay, iters, self.cache.device)
-
-
-def mean_seconds(step: Callable[[], None], iters: int, cuda: torch.device | None) -> float:
-    """Mean seconds of `step` over `iters` calls after one warm-up; on `cuda`, synchronised around them."""
-    step()
-    if cuda is not None:
-        torch.cuda.synchronize(cuda)
-    start = time.perf_counter()
-    for _ in range(iters):
-        step()
-    if cuda is not None:
-        torch.cuda.synchronize(cuda)
-    return (time.perf_counter() - start) / iters

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
+from asyncrl.rollout.sizes import pow2_at_least
 from asyncrl.rollout.transfer import to_device
 
 Move = tuple[int, int, int]
@@ -53,13 +54,6 @@ def compose_moves(moves: Sequence[Move]) -> dict[int, tuple[int, int]]:
             content[src] = content.get(dst, (dst, n))[0], n
         content[dst] = moved, n
     return {dst: (src, n) for dst, (src, n) in content.items() if src != dst}
-
-
-def _round_up_pow2(n: int, minimum: int) -> int:
-    size = minimum
-    while size < n:
-        size *= 2
-    return size
 
 
 class SlotKVCache:
@@ -115,8 +109,8 @@ class SlotKVCache:
         if self.static:
             num_slots = self.max_slots
             length = max(length, self.capacity)
-        want_slots = min(_round_up_pow2(max(num_slots, 1), 1), self.max_slots)
-        want_cap = _round_up_pow2(max(length, 1), self.min_capacity)
+        want_slots = min(pow2_at_least(max(num_slots, 1), 1), self.max_slots)
+        want_cap = pow2_at_least(max(length, 1), self.min_capacity)
         grow = num_slots > self.slots or length > self.capacity
         shrink = want_slots * 4 <= self.slots or want_cap * 4 <= self.capacity
         if grow or shrink:

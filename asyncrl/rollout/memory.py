@@ -1,6 +1,6 @@
 """How large a static KV cache the device can hold (`rollout.gpu_memory_utilization`).
 
-On CUDA with static decode the engine allocates its KV cache once, when it is built:
+On CUDA with `rollout.cuda_graphs` the engine allocates its KV cache once, when it is built:
 `max_num_seqs` slots of `max_model_len` positions each, every layer's K and V. How much of the
 device it may take is a fraction, vLLM's (and verl's) `gpu_memory_utilization`:
 
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl.errors import ConfigError
+from asyncrl.scheduling.micro_budget import ModelShape
 
 SAMPLING_COPIES = 10
 """(rows, vocab) float32 tensors alive at once in a step: logits, scaled logits, log-softmax,
@@ -42,18 +43,6 @@ PREFILL_ACTIVATIONS = 4
 whose norms and softmax run in float32 anyway."""
 SLACK_BYTES = 256 * 2**20
 """cuBLAS workspaces, the CUDA-graph pool's fragmentation, allocator rounding."""
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes of a decoder that set its activation memory."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    kv_heads: int
-    head_dim: int
 
 
 @dataclass(frozen=True)
@@ -98,13 +87,13 @@ def activation_reserve_bytes(shape: ModelShape, *, max_num_seqs: int, max_model_
     s = shape
     sampling = max_num_seqs * s.vocab_size * 4 * SAMPLING_COPIES
     decode = max_num_seqs * (s.vocab_size * 4 + s.num_heads * max_model_len * 4)
-    qkv_width = (s.num_heads + 2 * s.kv_heads) * s.head_dim
+    qkv_width = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim
     per_token = (4 * s.intermediate_size + 8 * s.hidden_size + 6 * qkv_width) * PREFILL_ACTIVATIONS
     prefill = max(max_prefill_tokens, max_model_len) * per_token
     return sampling + decode + prefill + SLACK_BYTES
 
 
-def plan_kv_cache(memory: DeviceMemory, *, fraction: float, bytes_per_token: int, max_model_len: int,
+def plan_kv_cache(memory: DeviceMemory, *, gpu_memory_utilization: float, bytes_per_token: int, max_model_len: int,
                   max_num_seqs: int, reserve_bytes: int) -> KVPlan:
     """Slots of `max_model_len` positions that fit in this engine's share (module docstring).
 
@@ -114,6 +103,7 @@ def plan_kv_cache(memory: DeviceMemory, *, fraction: float, bytes_per_token: int
     1 GiB available) it gets 42 slots; with another process holding 60 GiB (18 GiB free), 725.
     Raises `ConfigError` naming `rollout.gpu_memory_utilization` when not one slot fits.
     """
+    fraction = gpu_memory_utilization  # the share of the device (module docstring)
     assert 0 < fraction <= 1 and bytes_per_token > 0 and max_model_len > 0 and max_num_seqs > 0
     m = memory
     share = int(fraction * m.total) - m.held

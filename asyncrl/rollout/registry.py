@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 
-import torch
 from torch import nn
 
 from asyncrl.config import names
 from asyncrl.config.schema import RolloutConfig
 from asyncrl.roles import Engine
-from asyncrl.rollout.settings import EngineSettings
+from asyncrl.rollout.settings import EngineSettings, engine_settings
 
 EngineBuilder = Callable[[nn.Module, Sequence[int], EngineSettings, Executor | None], Engine]
 """(model, eos token ids, settings, compute thread or None) -> engine. An engine that runs torch
@@ -33,21 +32,9 @@ ENGINES: dict[str, EngineBuilder] = {"torch": _torch}
 assert tuple(ENGINES) == names.ENGINES, "register the engine's name in asyncrl.config.names.ENGINES"
 
 
-def engine_settings(cfg: RolloutConfig, *, device: str, seed: int, max_model_len: int | None = None) -> EngineSettings:
-    """The `rollout.*` keys an engine runs by, checked (`EngineSettings` raises `ConfigError` on a
-    value out of range). `max_model_len`: the longest prompt + response it will be asked for
-    (sizes a GPU's cache); None: rollout.kv_budget_tokens."""
-    return EngineSettings(kv_budget_tokens=cfg.kv_budget_tokens, max_num_seqs=cfg.max_num_seqs, device=device,
-                          seed=seed, static_decode=cfg.cuda_graphs and torch.device(device).type == "cuda",
-                          max_model_len=max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                          admit_min_free_slots=cfg.admit_min_free_slots,
-                          decode_attention=cfg.decode_attention, fused_decode=cfg.fused_decode,
-                          packed_prefill=cfg.packed_prefill, prefix_cache=cfg.multi_turn.enable)
-
-
 def build_engine(cfg: RolloutConfig, model: nn.Module, eos_ids: Sequence[int], *, device: str,
                  seed: int, compute: Executor | None = None, max_model_len: int | None = None) -> Engine:
     """The engine `rollout.engine` names (the config has already checked the name), with the
-    settings `engine_settings` reads from `cfg`."""
+    settings `engine_settings` resolves from `cfg` on `device`."""
     settings = engine_settings(cfg, device=device, seed=seed, max_model_len=max_model_len)
     return ENGINES[cfg.engine](model, eos_ids, settings, compute)

@@ -3,7 +3,7 @@
 `StepRunner.run` applies the plan's slot moves, sizes the KV cache, runs the batched decode and
 prefill forwards, samples, and returns plain Python lists. It holds `lock` for the whole step;
 `load_weights` takes the same lock, so weights change only between steps whichever thread calls
-it. On CUDA with static decode the KV cache is sized from the device's memory and allocated when
+it. On CUDA with `cuda_graphs` the KV cache is sized from the device's memory and allocated when
 the runner is built (`asyncrl.rollout.memory`); `max_num_seqs` then says how many sequences fit.
 A step's inputs go to the device without waiting for it (`asyncrl.rollout.transfer`); its rows
 are sampled on the device (`asyncrl.rollout.sampler.DeviceSampler`, inside the decode graph
@@ -29,79 +29,52 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from asyncrl.config.names import DecodeAttention, FusedDecode, PackedPrefill
 from asyncrl.errors import ConfigError
 from asyncrl.models.weights import load_into
-from asyncrl.rollout.attention import resolve
 from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.generic import GenericForward, StepCache, StepForward, build_forward
 from asyncrl.rollout.graphs import BucketedDecode, BucketedPrefill
-from asyncrl.rollout.kernels import use_fused_decode
 from asyncrl.rollout.kv_cache import SlotKVCache
-from asyncrl.rollout.memory import KVPlan, ModelShape, activation_reserve_bytes, device_memory, plan_kv_cache
+from asyncrl.rollout.memory import KVPlan, activation_reserve_bytes, device_memory, plan_kv_cache
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, pack_prompts, prefill_path
 from asyncrl.rollout.sampler import DeviceSampler, SamplingMode
 from asyncrl.rollout.scheduler import StepPlan, StepResult
-from asyncrl.rollout.settings import ForwardChoice
+from asyncrl.rollout.settings import EngineSettings
 from asyncrl.rollout.transfer import to_device
 
 
 class StepRunner:
     """Owns the forward (fast or generic, see `build_forward`), the KV cache and the engine-wide sampling generator."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        max_num_seqs: int,
-        device: torch.device | str,
-        version: int,
-        forward: ForwardChoice = "auto",
-        static_decode: bool = False,
-        max_model_len: int = 32768,
-        gpu_memory_utilization: float = 0.5,
-        max_prefill_tokens: int = 4096,
-        decode_attention: DecodeAttention = "auto",
-        fused_decode: FusedDecode = "auto",
-        packed_prefill: PackedPrefill = "auto",
-    ) -> None:
+    def __init__(self, model: nn.Module, settings: EngineSettings, version: int) -> None:
         self.model = model
-        self.device = torch.device(device)
+        self.device = settings.device
         weights_on = next(model.parameters()).device
         if weights_on.type != self.device.type:
-            raise ConfigError(f"the model is on {weights_on} but device={device!r}; move the model")
+            raise ConfigError(f"the model is on {weights_on} but device={str(self.device)!r}; move the model")
         self.forward: StepForward
-        self.forward, self.fast_path_problem = build_forward(model, forward,
-                                                             attention=resolve(decode_attention, self.device),
-                                                             fused=use_fused_decode(fused_decode, self.device))
-        self.cache: StepCache = self.forward.new_cache(max_num_seqs, self.device)
-        self.max_num_seqs = max_num_seqs
+        self.forward, self.fast_path_problem = build_forward(model, settings.forward,
+                                                             decode_attention=settings.decode_attention,
+                                                             fused_decode=settings.fused_decode)
+        self.cache: StepCache = self.forward.new_cache(settings.max_num_seqs, self.device)
+        self.max_num_seqs = settings.max_num_seqs
         """Sequences a step may hold: fewer than asked when the sized GPU cache has fewer slots."""
-        self.kv_plan: KVPlan | None = None
-        self.sampler = DeviceSampler(max_num_seqs, self.device)
-        self.graphs: BucketedDecode | None = None
-        if static_decode and isinstance(self.forward, BatchedForward):  # the generic path stays eager
-            assert isinstance(self.cache, SlotKVCache)
-            self.cache.static = True
-            self.kv_plan = self._allocate_static(self.forward, self.cache, max_model_len,
-                                                 gpu_memory_utilization, max_prefill_tokens)
-            self.graphs = BucketedDecode(self.forward, self.cache, self.max_num_seqs, self.sampler,
-                                         capture=self.device.type == "cuda")
+        self.sampler = DeviceSampler(settings.max_num_seqs, self.device)
         self.prefill_path: PrefillPath = "padded"
         """How prefills run (`asyncrl.rollout.prefill.prefill_path`): packed but for float32 on CUDA."""
-        self.prefill_graphs: BucketedPrefill | None = None
-        if isinstance(self.forward, BatchedForward):
+        if settings.packed_prefill and isinstance(self.forward, BatchedForward):
             assert isinstance(self.cache, SlotKVCache)
-            self.prefill_path = prefill_path(self.device, self.cache.dtype) if packed_prefill == "auto" \
-                else "padded"
-            if self.graphs is not None and self.prefill_path == "varlen":
-                self.prefill_graphs = BucketedPrefill(self.forward, self.cache, self.max_num_seqs, max_prefill_tokens,
-                                                      path="varlen", capture=self.device.type == "cuda")
+            self.prefill_path = prefill_path(self.device, self.cache.dtype)
+        self.kv_plan: KVPlan | None = None
+        self.bucketed_decode: BucketedDecode | None = None
+        self.bucketed_prefill: BucketedPrefill | None = None
+        if settings.cuda_graphs and isinstance(self.forward, BatchedForward):  # the generic path stays eager
+            self._build_static(self.forward, settings)
         self.prefills: Counter[PrefillPath] = Counter()
         """Prefill forwards run, by path: what tests and benches read."""
         self.lock = threading.Lock()
         self.version = version
-        self._results = _Results(max_num_seqs, self.device)
+        self._results = _Results(settings.max_num_seqs, self.device)
         self._launched: _Launched | None = None
         self.read_late = self.device.type == "cuda"
         """Whether `run` returns the previous step's results (a GPU: overlap) or its own (the host)."""
@@ -110,19 +83,30 @@ class StepRunner:
         self._sampled_rows: tuple[object, ...] = ()
         self._mode = SamplingMode.of([])
 
-    def _allocate_static(self, forward: BatchedForward, cache: SlotKVCache, max_model_len: int,
-                         fraction: float, max_prefill_tokens: int) -> KVPlan | None:
+    def _build_static(self, forward: BatchedForward, settings: EngineSettings) -> None:
+        """`cuda_graphs`: a static cache (sized and allocated now on a GPU), the bucketed decode
+        and, on the varlen path, the bucketed packed prefill; captured on CUDA, eager on the CPU."""
+        assert isinstance(self.cache, SlotKVCache)
+        self.cache.static = True
+        capture = self.device.type == "cuda"
+        self.kv_plan = self._allocate_static(forward, self.cache, settings)
+        self.bucketed_decode = BucketedDecode(forward, self.cache, self.max_num_seqs, self.sampler, capture=capture)
+        if self.prefill_path == "varlen":
+            self.bucketed_prefill = BucketedPrefill(forward, self.cache, self.max_num_seqs,
+                                                    settings.max_prefill_tokens, path="varlen", capture=capture)
+
+    def _allocate_static(self, forward: BatchedForward, cache: SlotKVCache, settings: EngineSettings) -> KVPlan | None:
         """On a GPU: every slot that fits of `max_model_len` positions, allocated now. On the CPU
         (no device memory to read) None: the static cache grows with the longest row."""
         memory = device_memory(self.device)
         if memory is None:
             return None
-        shape = ModelShape(forward.vocab_size, forward.hidden_size, forward.intermediate_size,
-                           forward.num_heads, forward.kv_heads, forward.head_dim)
-        reserve = activation_reserve_bytes(shape, max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
-                                           max_prefill_tokens=max_prefill_tokens)
-        plan = plan_kv_cache(memory, fraction=fraction, bytes_per_token=cache.bytes_per_token,
-                             max_model_len=max_model_len, max_num_seqs=self.max_num_seqs, reserve_bytes=reserve)
+        reserve = activation_reserve_bytes(forward.shape, max_num_seqs=self.max_num_seqs,
+                                           max_model_len=settings.max_model_len,
+                                           max_prefill_tokens=settings.max_prefill_tokens)
+        plan = plan_kv_cache(memory, gpu_memory_utilization=settings.gpu_memory_utilization,
+                             bytes_per_token=cache.bytes_per_token, max_model_len=settings.max_model_len,
+                             max_num_seqs=self.max_num_seqs, reserve_bytes=reserve)
         cache.max_slots = self.max_num_seqs = plan.slots
         cache.allocate(plan.capacity)
         return plan
@@ -158,7 +142,7 @@ class StepRunner:
         # prefix-cache entries live in slots past the rows, moved there by this plan: room for
         # them first, and one position past the longest (padding rows of graph decode write the last)
         slots = max(plan.num_rows, plan.cache_slots)
-        length = max(max(last_positions) + 1, plan.cache_len + (self.graphs is not None))
+        length = max(max(last_positions) + 1, plan.cache_len + (self.bucketed_decode is not None))
         if plan.cache_slots:
             self.cache.reserve(slots, length)
         self.cache.apply_moves(plan.moves)
@@ -170,8 +154,8 @@ class StepRunner:
         self.sampler.set_positions(last_positions)
         mode = self._mode
         sampled = None  # the step's (tokens, logprobs) when one call sampled every row
-        if num_decode and self.graphs is not None:
-            self.graphs(plan.decode_positions, mode)
+        if num_decode and self.bucketed_decode is not None:
+            self.bucketed_decode(plan.decode_positions, mode)
         elif num_decode:
             sampled = self.sampler.sample_rows(self._decode(num_decode, max(plan.decode_positions) + 1), 0, mode)
         if plan.prefill_contexts:
@@ -224,8 +208,8 @@ class StepRunner:
 
     def _prefill_packed(self, rows: Sequence[tuple[int, ...]], first_slot: int) -> torch.Tensor:
         """Through the prefill graphs where there are, else eagerly, packed without padding."""
-        if self.prefill_graphs is not None:
-            return self.prefill_graphs(rows, first_slot)
+        if self.bucketed_prefill is not None:
+            return self.bucketed_prefill(rows, first_slot)
         assert isinstance(self.forward, BatchedForward) and isinstance(self.cache, SlotKVCache)
         flat, lengths = pack_prompts(rows, first_slot)
         packed = PackedPrompts.view(to_device(flat, self.device), sum(lengths), len(rows), lengths, max(lengths))

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl.rollout.kv_cache import compose_moves
+from asyncrl.rollout.sizes import pow2_at_least
 from asyncrl.rollout.transfer import copy_from_host, to_device
 from asyncrl.types import SamplingParams
 
@@ -113,7 +114,7 @@ class SamplingMode:
             filtered=any(p.top_k > 0 or p.top_p < 1.0 for p in sampled),
             unfiltered=any(p.top_k <= 0 and p.top_p >= 1.0 for p in sampled),
             top_p=any(p.top_p < 1.0 for p in sampled),
-            top_k_width=1 << (widest - 1).bit_length() if widest > 0 else 0,
+            top_k_width=pow2_at_least(widest) if widest > 0 else 0,
         )
 
 

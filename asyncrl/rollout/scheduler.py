@@ -11,7 +11,7 @@ Policy, per step:
    tokens past `kv_budget_tokens`: the youngest admitted sequence drops its cache and goes back
    to the front of the waiting queue with its tokens and log-probs; re-admission re-prefills
    prompt + generated tokens;
-3. admit, when at least min(`min_free_slots`, waiting requests) slots are free or nothing runs,
+3. admit, when at least min(`admit_min_free_slots`, waiting requests) slots are free or nothing runs,
    FCFS from the waiting queue while slots, the token budget and the per-step prefill budget
    (rows × longest context, i.e. padded tokens) allow; one admission per step is always allowed
    when it fits the token budget, however long its context.
@@ -26,8 +26,8 @@ Why admission waits for free slots: a step that prefills makes every running row
 prefill, and a prefill step costs about the same for one prompt as for eight (on a GPU it is
 bound by kernel launches: ~55 ms eager against ~4 ms for a decode step of 64 rows, issue 24).
 Admitting as soon as one slot frees prefilled in 183 steps of the GPU benchmark at batch 64;
-waiting for 8 free slots, 28 (`asyncrl.rollout.replay`). A short queue never waits: with fewer
-requests waiting than `min_free_slots`, as many free slots as there are requests suffice.
+waiting for 8 free slots, 28 (`bench/scheduler_replay.py`). A short queue never waits: with fewer
+requests waiting than `admit_min_free_slots`, as many free slots as there are requests suffice.
 """
 
 from __future__ import annotations
@@ -72,13 +72,14 @@ class Scheduler:
     """Waiting queue + compact running set under a slot limit and a KV token budget."""
 
     def __init__(self, max_num_seqs: int, kv_budget_tokens: int, max_prefill_tokens: int,
-                 min_free_slots: int = 1, prefix: PrefixCache | None = None) -> None:
-        """`min_free_slots`: admit only when this many slots are free (fewer when fewer requests
-        wait, any number when nothing runs); capped at `max_num_seqs`. 1 admits whenever a slot frees.
+                 admit_min_free_slots: int = 1, prefix: PrefixCache | None = None) -> None:
+        """`admit_min_free_slots`: admit only when this many slots are free (fewer when fewer
+        requests wait, any number when nothing runs); capped at `max_num_seqs`. 1 admits whenever a
+        slot frees.
         `prefix`: keep leaving sequences' K/V and reuse it (None: every prefill from position 0)."""
-        assert min_free_slots >= 1, min_free_slots
+        assert admit_min_free_slots >= 1, admit_min_free_slots
         self.max_num_seqs = max_num_seqs
-        self.min_free_slots = min(min_free_slots, max_num_seqs)
+        self.admit_min_free_slots = min(admit_min_free_slots, max_num_seqs)
         self.kv_budget_tokens = kv_budget_tokens
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Sequence] = deque()
@@ -218,7 +219,7 @@ class Scheduler:
 
     def _admit(self) -> list[Sequence]:
         free = self.max_num_seqs - len(self.running)
-        if self.running and free < min(self.min_free_slots, len(self.waiting)):
+        if self.running and free < min(self.admit_min_free_slots, len(self.waiting)):
             return []  # decode on; admit once enough slots are free to share one prefill step
         used = sum(s.cached_len + 1 for s in self.running)
         longest = 0

@@ -42,11 +42,23 @@ def test_the_floor_is_the_engines_own_step_and_the_own_mix_floor_counts_the_last
     assert (row["floor_rows"], row["floor_key"][0], row["kernels_counted_on"]) == (4, 4, "eager step (CPU)")
     assert row["floor_key"][1] >= bench.mean_context(bench.workload(bench.parse_args(), 4096))
     assert row["aten_ops_per_decode_step"] > 0
+    # the CPU's matmul path reads every row to its padded length
+    assert row["kv_bytes_per_step_read"] == row["kv_bytes_per_step_padded"] > row["kv_bytes_per_step_real"] > 0
 
 
 def test_capture_time_counts_prefill_graphs_too() -> None:
     def graphs(seconds: float) -> SimpleNamespace:
-        return SimpleNamespace(capture_s=seconds, steps=Counter(), replay_s=lambda key, iters: 0.0)
+        return SimpleNamespace(capture_s=seconds, steps=Counter())
 
-    runner = SimpleNamespace(graphs=graphs(1.5), prefill_graphs=graphs(2.0))
+    runner = SimpleNamespace(bucketed_decode=graphs(1.5), bucketed_prefill=graphs(2.0))
     assert engine_diag.capture_seconds(runner) == 3.5
+
+
+def test_kv_reads_count_real_and_padded_positions() -> None:
+    reads = engine_diag.KVReads()
+    reads.add([99, 299], bucket=2, capacity=2304)  # the docstring's example
+    reads.add([5], bucket=1, capacity=64)  # the CPU's small cache caps the attention length
+    assert (reads.steps, reads.real, reads.padded) == (2, 400 + 6, 1024 + 64)
+    per_step = reads.bytes_per_step(bytes_per_token=2, reads_length=True)
+    assert per_step == {"real": 406.0, "padded": 1088.0, "read": 406.0}
+    assert reads.bytes_per_step(bytes_per_token=2, reads_length=False)["read"] == 1088.0

@@ -17,11 +17,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
+from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.rollout.attention import PATHS, _additive_mask, _attend
 from asyncrl.rollout.graphs import attention_length
 from asyncrl.rollout.kernels.decode_attention import decode_attention, split_count, target_programs
-from tests.rollout.rollout_testlib import EOS, staggered_requests, tiny_model
+from tests.rollout.rollout_testlib import EOS, settings_of, staggered_requests, tiny_model
 from tests.rollout.test_rollout_decode_attention import SCALE, bound
 from tests.tolerances import assert_within
 
@@ -70,20 +70,20 @@ def test_the_kernel_equals_sdpa_over_each_rows_length(dtype: torch.dtype) -> Non
 def test_the_decode_graphs_run_the_kernel_once_per_bucket() -> None:
     model = tiny_model("qwen2").cuda()
     reqs = staggered_requests(7)
-    want = run_sync(TorchEngine(model, EOS, EngineSettings(device="cuda", decode_attention="matmul")), reqs)
+    want = run_sync(TorchEngine(model, EOS, settings_of(device="cuda", decode_attention="matmul")), reqs)
     before = PATHS["triton"]
-    eng = TorchEngine(model, EOS, EngineSettings(device="cuda"))  # auto: the kernel on CUDA
-    graphs = eng._runner.graphs
-    assert graphs is not None and graphs.capture and eng._runner.forward.attention == "triton"
+    eng = TorchEngine(model, EOS, settings_of(device="cuda"))  # auto: the kernel on CUDA
+    graphs = eng._runner.bucketed_decode
+    assert graphs is not None and graphs.capture and eng._runner.forward.decode_attention == "triton"
     got = run_sync(eng, reqs)
     assert [o.response_ids for o in got] == [o.response_ids for o in want]
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-4)
     assert {key[1] for key in graphs.steps} == {0}  # no attention length in the key
-    buckets = [key[0] for key in graphs._graphs]
-    assert graphs.captures == len(graphs._graphs) == len(set(buckets))  # captured once per bucket
+    buckets = [key[0] for key in graphs.graphs._graphs]
+    assert graphs.captures == len(graphs.graphs._graphs) == len(set(buckets))  # captured once per bucket
     assert PATHS["triton"] - before == 2 * graphs.captures  # each capture: a warm-up run, then the captured one
-    graph = next(iter(graphs._graphs.values()))[0]
+    graph = next(iter(graphs.graphs._graphs.values()))[0]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         graph.replay()  # the engine is done with the cache: a replay rewrites what that step wrote
         torch.cuda.synchronize()

@@ -33,9 +33,9 @@ def replay_kernels(arch: str, layers: int, fused: str) -> int:
     model = AutoModelForCausalLM.from_config(config).eval().to(device=CUDA, dtype=BF16)
     eng = engine(model, device="cuda", max_num_seqs=4, fused_decode=fused)
     run_sync(eng, [request(f"r{i}", prompt(5, seed=i), 4) for i in range(4)])
-    graphs = eng._runner.graphs
+    graphs = eng._runner.bucketed_decode
     assert graphs is not None and graphs.captures > 0
-    graph = next(iter(graphs._graphs.values()))[0]
+    graph = next(iter(graphs.graphs._graphs.values()))[0]
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         graph.replay()
@@ -47,7 +47,7 @@ def replay_kernels(arch: str, layers: int, fused: str) -> int:
 def test_auto_takes_the_fused_step_on_cuda() -> None:
     eng = engine(tiny_model("qwen3").to(CUDA), device="cuda", max_num_seqs=2)
     forward = eng._runner.forward
-    assert isinstance(forward, BatchedForward) and forward.fused
+    assert isinstance(forward, BatchedForward) and forward.fused_decode
     eng.close()
 
 

@@ -11,8 +11,8 @@ import threading
 import pytest
 import torch
 
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
-from tests.rollout.rollout_testlib import EOS, prompt, request, staggered_requests, tiny_model
+from asyncrl.rollout import TorchEngine, run_sync
+from tests.rollout.rollout_testlib import EOS, prompt, request, settings_of, staggered_requests, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -29,9 +29,9 @@ def long_requests() -> list:
 def test_graph_replays_equal_eager_decoding_and_are_captured_once_per_bucket():
     model = on_gpu()
     reqs = staggered_requests(7)
-    eager = run_sync(TorchEngine(model, EOS, EngineSettings(device="cuda", static_decode=False)), reqs)
-    eng = TorchEngine(model, EOS, EngineSettings(device="cuda"))  # graphs by default on CUDA
-    graphs = eng._runner.graphs
+    eager = run_sync(TorchEngine(model, EOS, settings_of(device="cuda", cuda_graphs=False)), reqs)
+    eng = TorchEngine(model, EOS, settings_of(device="cuda"))  # graphs by default on CUDA
+    graphs = eng._runner.bucketed_decode
     assert graphs is not None and graphs.capture
     first = run_sync(eng, reqs)
     assert [o.response_ids for o in first] == [o.response_ids for o in eager]
@@ -46,15 +46,15 @@ def test_graph_replays_equal_eager_decoding_and_are_captured_once_per_bucket():
 def test_a_replay_after_a_weight_load_uses_the_new_weights():
     model, other = on_gpu(0), on_gpu(1)
     reqs = staggered_requests(5)
-    want = run_sync(TorchEngine(other, EOS, EngineSettings(device="cuda", static_decode=False)), reqs)
-    eng = TorchEngine(model, EOS, EngineSettings(device="cuda"))
+    want = run_sync(TorchEngine(other, EOS, settings_of(device="cuda", cuda_graphs=False)), reqs)
+    eng = TorchEngine(model, EOS, settings_of(device="cuda"))
     before = run_sync(eng, reqs)
-    captured = eng._runner.graphs.captures
+    captured = eng._runner.bucketed_decode.captures
     asyncio.run(eng.load_weights(other.state_dict().items(), version=1))
     after = run_sync(eng, reqs)
     assert [o.response_ids for o in after] == [o.response_ids for o in want]
     assert [o.response_ids for o in after] != [o.response_ids for o in before]
-    assert eng._runner.graphs.captures == captured  # the same graphs, new weights
+    assert eng._runner.bucketed_decode.captures == captured  # the same graphs, new weights
     eng.close()
 
 
@@ -64,11 +64,11 @@ def test_replays_across_graph_keys_equal_eager_decoding(attention, lengths):
     its length part 0; the matmul path keys by attention length too, capped at the capacity, 320."""
     model = on_gpu()
     reqs = long_requests()
-    eager = run_sync(TorchEngine(model, EOS, EngineSettings(device="cuda", static_decode=False,
+    eager = run_sync(TorchEngine(model, EOS, settings_of(device="cuda", cuda_graphs=False,
                                                             decode_attention=attention)), reqs)
-    eng = TorchEngine(model, EOS, EngineSettings(device="cuda", max_model_len=320, max_num_seqs=4,
+    eng = TorchEngine(model, EOS, settings_of(device="cuda", max_model_len=320, max_num_seqs=4,
                                                  decode_attention=attention))
-    graphs = eng._runner.graphs
+    graphs = eng._runner.bucketed_decode
     first = run_sync(eng, reqs)
     assert [o.response_ids for o in first] == [o.response_ids for o in eager]
     for g, w in zip(first, eager):
@@ -87,7 +87,7 @@ def test_capture_while_another_thread_runs_cuda_work():
     kernels, fresh allocations, host reads. Thread-local capture lets both proceed."""
     model = on_gpu()
     reqs = long_requests()
-    eager = run_sync(TorchEngine(model, EOS, EngineSettings(device="cuda", static_decode=False)), reqs)
+    eager = run_sync(TorchEngine(model, EOS, settings_of(device="cuda", cuda_graphs=False)), reqs)
     stop, errors, steps = threading.Event(), [], [0]
 
     def trainer() -> None:
@@ -103,12 +103,12 @@ def test_capture_while_another_thread_runs_cuda_work():
     thread = threading.Thread(target=trainer)
     thread.start()
     try:
-        eng = TorchEngine(model, EOS, EngineSettings(device="cuda", max_model_len=320, max_num_seqs=4))
+        eng = TorchEngine(model, EOS, settings_of(device="cuda", max_model_len=320, max_num_seqs=4))
         got = run_sync(eng, reqs)
     finally:
         stop.set()
         thread.join()
     assert not errors and steps[0] > 0
     assert [o.response_ids for o in got] == [o.response_ids for o in eager]
-    assert eng._runner.graphs.captures >= 3
+    assert eng._runner.bucketed_decode.captures >= 3
     eng.close()

@@ -42,9 +42,9 @@ def test_bf16_prefill_runs_varlen_captured_and_greedy_equals_hf() -> None:
     reqs = [request(f"p{i}", p, NEW_TOKENS) for i, p in enumerate(PROMPTS)]
     eng = engine(model, device="cuda", max_num_seqs=3)  # 5 prompts, 3 slots: admissions mid-decode
     runner = eng._runner
-    assert runner.prefill_path == "varlen" and runner.prefill_graphs is not None
+    assert runner.prefill_path == "varlen" and runner.bucketed_prefill is not None
     first = run_sync(eng, reqs)
-    graphs = runner.prefill_graphs
+    graphs = runner.bucketed_prefill
     assert set(runner.prefills) == {"varlen"} and graphs.eager == 0
     assert graphs.captures == len(set(graphs.steps)) >= 2  # 3 prompts first, then 1 at a time
     compared = 0

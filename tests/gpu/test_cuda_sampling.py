@@ -12,23 +12,31 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
+from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.rollout import runner as runner_module
 from asyncrl.types import GenerationRequest, SamplingParams, Trajectory
-from tests.rollout.rollout_testlib import EOS, mixed_requests, prompt, staggered_requests, tiny_model, wait_for_tokens
+from tests.rollout.rollout_testlib import (
+    EOS,
+    mixed_requests,
+    prompt,
+    settings_of,
+    staggered_requests,
+    tiny_model,
+    wait_for_tokens,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def static_engine(model: torch.nn.Module, **settings: Any) -> TorchEngine:
-    return TorchEngine(model, EOS, EngineSettings(device="cuda", max_num_seqs=8, seed=0, **settings))
+    return TorchEngine(model, EOS, settings_of(device="cuda", max_num_seqs=8, seed=0, **settings))
 
 
 def test_a_static_engine_waits_for_the_gpu_only_to_read_each_step_a_step_late(monkeypatch):
     eng = static_engine(tiny_model("qwen2").cuda())
-    assert eng._runner.graphs is not None and eng._runner.graphs.capture
+    assert eng._runner.bucketed_decode is not None and eng._runner.bucketed_decode.capture
     warm = run_sync(eng, mixed_requests(9, 12, 5))  # captures every graph key this workload needs
-    captured = eng._runner.graphs.captures
+    captured = eng._runner.bucketed_decode.captures
     reads = [0]
     read = runner_module._Results.read
 
@@ -52,7 +60,7 @@ def test_a_static_engine_waits_for_the_gpu_only_to_read_each_step_a_step_late(mo
     finally:
         torch.cuda.set_sync_debug_mode(0)
     eng.close()
-    assert eng._runner.graphs.captures == captured  # replays only
+    assert eng._runner.bucketed_decode.captures == captured  # replays only
     assert reads[0] == launched[0] > 20
     # counter-based sampling: the same requests give the same tokens in a second run
     assert [o.response_ids for o in again] == [o.response_ids for o in warm]

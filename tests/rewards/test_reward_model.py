@@ -17,7 +17,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 from asyncrl.config import load_config
-from asyncrl.config.schema import RewardConfig
+from asyncrl.config.schema import RewardConfig, RolloutConfig
 from asyncrl.errors import ConfigError
 from asyncrl.models.tokenizer import build_char_tokenizer
 from asyncrl.rewards import RewardResult
@@ -334,8 +334,7 @@ def test_validation_scores_with_the_rule_unless_no_rule_scores_the_task(rule_mod
     rule is validated by the reward model."""
     import asyncio
 
-    from asyncrl.config.schema import RolloutConfig
-    from asyncrl.rollout import EngineSettings, TorchEngine
+    from asyncrl.rollout import TorchEngine, engine_settings
     from asyncrl.workers.rollout import RequestBuilder
     from asyncrl.workers.rollout_server import RolloutServer
     from tests.training.helpers import tiny_lm
@@ -345,7 +344,7 @@ def test_validation_scores_with_the_rule_unless_no_rule_scores_the_task(rule_mod
     cfg = RewardConfig(model_path=str(path), rule_weight=0.0, model_weight=2.0, num_workers=1)
     rm = RewardModel.load(cfg, policy)
     worker = RewardWorker(policy, cfg, reward_model=rm)
-    engine = TorchEngine(tiny_lm(), 0, EngineSettings(kv_budget_tokens=1024, max_num_seqs=4))
+    engine = TorchEngine(tiny_lm(), 0, engine_settings(RolloutConfig(kv_budget_tokens=1024, max_num_seqs=4)))
     srv = RolloutServer(engine, RequestBuilder(RolloutConfig(temperature=0.0, ignore_eos=True), max_tokens=3, seed=0),
                         worker)
     ruled = PromptRow(uid="p", data_source="arithmetic", messages=({"role": "user", "content": "What is 3+4?"},),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -10,7 +11,8 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from asyncrl.rollout import EngineSettings, TorchEngine
+from asyncrl.config.schema import RolloutConfig
+from asyncrl.rollout import EngineSettings, TorchEngine, engine_settings
 from asyncrl.types import GenerationRequest, SamplingParams, Trajectory
 
 VOCAB = 64
@@ -90,8 +92,20 @@ def mixed_requests(staggered: int, first_tokens: int, step_tokens: int) -> list[
     return staggered_requests(staggered, temperature=0.8) + filtered
 
 
+def settings_of(**fields: Any) -> EngineSettings:
+    """`engine_settings` as the registry builds it: the `rollout.*` keys among `fields` go into a
+    `RolloutConfig`, the rest (device, seed, max_model_len, forward, ...) are its arguments, but
+    for `cuda_graphs` and `prefix_cache`, set on the resolved value: cuda_graphs=True on the CPU
+    runs the fixed-shape decode eagerly (what CUDA captures), prefix_cache without a multi-turn
+    config."""
+    forced = {name: fields.pop(name) for name in ("cuda_graphs", "prefix_cache") if name in fields}
+    keys = {f.name for f in dataclasses.fields(RolloutConfig)}
+    rollout = RolloutConfig(**{name: fields.pop(name) for name in list(fields) if name in keys})
+    return dataclasses.replace(engine_settings(rollout, **fields), **forced)
+
+
 def engine(model: torch.nn.Module, version: int = 0, **settings: Any) -> TorchEngine:
-    return TorchEngine(model, EOS, EngineSettings(**settings), version=version)
+    return TorchEngine(model, EOS, settings_of(**settings), version=version)
 
 
 def run(fn: Callable[[], Awaitable[object]]) -> object:

@@ -22,13 +22,12 @@ import torch
 
 from asyncrl.config.schema import RolloutConfig
 from asyncrl.errors import ConfigError
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
+from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.rollout.attention import PATHS, resolve
 from asyncrl.rollout.forward import BatchedForward
-from asyncrl.rollout.graphs import KVReads
 from asyncrl.rollout.kernels.decode_attention import decode_attention, split_count
-from asyncrl.rollout.registry import engine_settings
-from tests.rollout.rollout_testlib import EOS, prompt, staggered_requests, tiny_model
+from asyncrl.rollout.settings import engine_settings
+from tests.rollout.rollout_testlib import EOS, prompt, settings_of, staggered_requests, tiny_model
 from tests.tolerances import assert_within, eps_of
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="the CPU's interpreted kernel (tests/gpu runs it compiled)")
@@ -166,7 +165,7 @@ def test_a_decode_step_through_the_kernel_equals_the_matmul_path() -> None:
     contexts = [prompt(n, seed=n) for n in (5, 70, 1)]  # 70: past one 64-position chunk
     logits: dict[str, torch.Tensor] = {}
     for path in ("matmul", "triton"):
-        forward = BatchedForward(model, attention=path)
+        forward = BatchedForward(model, decode_attention=path)
         cache = forward.new_cache(max_slots=4, device="cpu")
         cache.reserve(3, 128)
         lengths = torch.tensor([len(c) for c in contexts])
@@ -186,24 +185,15 @@ def test_a_static_engine_through_the_kernel_keys_graphs_by_bucket_and_reads_real
     model = tiny_model("llama")
     reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, max_tokens=6))
             for r in staggered_requests(3)]  # 3 rows in bucket 4: one padding row, then 2 and 1
-    want = run_sync(TorchEngine(model, EOS, EngineSettings(static_decode=True)), reqs)
+    want = run_sync(TorchEngine(model, EOS, settings_of(cuda_graphs=True)), reqs)
     before = PATHS["triton"]
-    eng = TorchEngine(model, EOS, EngineSettings(static_decode=True, decode_attention="triton"))
+    eng = TorchEngine(model, EOS, settings_of(cuda_graphs=True, decode_attention="triton"))
     got = run_sync(eng, reqs)
     assert [o.response_ids for o in got] == [o.response_ids for o in want]
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
-    graphs = eng._runner.graphs
-    assert graphs is not None and eng._runner.forward.attention == "triton"
+    graphs = eng._runner.bucketed_decode
+    assert graphs is not None and eng._runner.forward.decode_attention == "triton"
     assert {length for _, length in graphs.steps} == {0}  # one key per bucket, whatever the lengths
-    assert PATHS["triton"] - before == sum(graphs.steps.values()) == graphs.kv_reads.steps
-    reads = graphs.kv_bytes_per_step()
-    assert reads["read"] == reads["real"] < reads["padded"]
+    assert PATHS["triton"] - before == sum(graphs.steps.values())
     eng.close()
-
-
-def test_kv_reads_count_real_and_padded_positions() -> None:
-    reads = KVReads()
-    reads.add([99, 299], bucket=2, capacity=2304)  # the docstring's example
-    reads.add([5], bucket=1, capacity=64)  # the CPU's small cache caps the attention length
-    assert (reads.steps, reads.real, reads.padded) == (2, 400 + 6, 1024 + 64)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asyncrl.errors import RolloutError
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
+from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.types import GenerationRequest, SamplingParams, Trajectory
 from tests.rollout.rollout_testlib import (
     EOS,
@@ -19,6 +19,7 @@ from tests.rollout.rollout_testlib import (
     one_at_a_time,
     prompt,
     request,
+    settings_of,
     staggered_requests,
     teacher_forced_logprobs,
     tiny_model,
@@ -322,7 +323,7 @@ def test_a_given_compute_thread_runs_steps_and_weight_loads_and_outlives_the_eng
     shared = compute_thread(1, "shared")
     shared_ident = shared.submit(threading.get_ident).result()
     model = tiny_model(seed=0)
-    eng = TorchEngine(model, EOS, EngineSettings(kv_budget_tokens=512, max_num_seqs=4), executor=shared)
+    eng = TorchEngine(model, EOS, settings_of(kv_budget_tokens=512, max_num_seqs=4), executor=shared)
     seen: set[int] = set()
     run, load = eng._runner.run, eng._runner.load_weights
     eng._runner.run = lambda plan: seen.add(threading.get_ident()) or run(plan)

@@ -151,7 +151,7 @@ def test_fused_decode_logits_equal_the_unfused_step(arch: str) -> None:
     model = tiny_model(arch, seed=8)
     contexts = [list(prompt(5, seed=s)) for s in range(3)]
     unfused = decode_logits(BatchedForward(copy.deepcopy(model)), contexts, steps=2)
-    fused = decode_logits(BatchedForward(model, fused=True), contexts, steps=2)
+    fused = decode_logits(BatchedForward(model, fused_decode=True), contexts, steps=2)
     for a, b in zip(fused, unfused, strict=True):  # the bound the fast path meets against HF's forward
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
@@ -160,8 +160,8 @@ def test_fused_decode_logits_equal_the_unfused_step(arch: str) -> None:
 def test_engine_with_fusion_on_equals_hf_greedy(arch: str) -> None:
     model = tiny_model(arch, seed=3)
     reqs = [request(f"r{i}", prompt(4 + 3 * i, seed=i), max_tokens=6 - 2 * i) for i in range(2)]
-    eng = engine(model, max_num_seqs=4, fused_decode="on", static_decode=True)
-    assert eng._runner.forward.fused  # type: ignore[union-attr]
+    eng = engine(model, max_num_seqs=4, fused_decode="on", cuda_graphs=True)
+    assert eng._runner.forward.fused_decode  # type: ignore[union-attr]
     counter = LaunchCounter()
     with counter.triton_launches():
         outs = run_sync(eng, reqs)
@@ -174,7 +174,7 @@ def test_engine_with_fusion_on_equals_hf_greedy(arch: str) -> None:
 
 def test_weight_loads_write_the_merged_buffers_in_place() -> None:
     model = tiny_model("qwen2", seed=9)  # q/k/v biases: merged too
-    eng = engine(model, max_num_seqs=4, fused_decode="on", static_decode=True)
+    eng = engine(model, max_num_seqs=4, fused_decode="on", cuda_graphs=True)
     fwd = eng._runner.forward
     assert isinstance(fwd, BatchedForward)
     pointers = [(m.qkv_weight.data_ptr(), m.gate_up_weight.data_ptr()) for m in fwd._merged]
@@ -203,7 +203,7 @@ def run_sync_load(eng, named: dict[str, torch.Tensor]) -> None:  # type: ignore[
 
 def test_merging_twice_shares_the_buffers() -> None:
     model = tiny_model("llama", seed=11)
-    first, second = BatchedForward(model, fused=True), BatchedForward(model, fused=True)
+    first, second = BatchedForward(model, fused_decode=True), BatchedForward(model, fused_decode=True)
     assert all(a.qkv_weight.data_ptr() == b.qkv_weight.data_ptr() for a, b in zip(first._merged, second._merged))
     assert all(aliases(m, layer.self_attn, layer.mlp) for m, layer in zip(first._merged, first.layers))
 
@@ -212,7 +212,7 @@ def test_fused_decode_key_resolves_by_device(monkeypatch: pytest.MonkeyPatch) ->
     cpu = torch.device("cpu")
     assert not use_fused_decode("auto", cpu) and not use_fused_decode("off", cpu)
     assert use_fused_decode("on", cpu)  # interpreted, as in these tests
-    assert not engine(tiny_model("llama"), max_num_seqs=2)._runner.forward.fused  # type: ignore[union-attr]
+    assert not engine(tiny_model("llama"), max_num_seqs=2)._runner.forward.fused_decode  # type: ignore[union-attr]
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ConfigError, match="rollout.fused_decode"):
         use_fused_decode("on", cpu)
@@ -232,7 +232,7 @@ def launches(arch: str, layers: int, *, fused: bool) -> LaunchCounter:
     config.num_hidden_layers = layers
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval().to(BF16)
-    fwd = BatchedForward(model, fused=fused, attention="triton" if fused else "matmul")
+    fwd = BatchedForward(model, fused_decode=fused, decode_attention="triton" if fused else "matmul")
     cache = fwd.new_cache(max_slots=4, device="cpu")
     assert isinstance(cache, SlotKVCache)
     cache.static = True

@@ -14,15 +14,23 @@ import pytest
 import torch
 
 import asyncrl.rollout.runner as runner_module
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
+from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.rollout.graphs import attention_length, bucket_sizes
 from asyncrl.rollout.memory import DeviceMemory
-from tests.rollout.rollout_testlib import EOS, prompt, request, staggered_requests, tiny_model, wait_for_tokens
+from tests.rollout.rollout_testlib import (
+    EOS,
+    prompt,
+    request,
+    settings_of,
+    staggered_requests,
+    tiny_model,
+    wait_for_tokens,
+)
 
 
 def static_engine(model, **kw) -> TorchEngine:
-    eng = TorchEngine(model, EOS, EngineSettings(static_decode=True, **kw))
-    assert eng._runner.graphs is not None and not eng._runner.graphs.capture  # eager on CPU
+    eng = TorchEngine(model, EOS, settings_of(cuda_graphs=True, **kw))
+    assert eng._runner.bucketed_decode is not None and not eng._runner.bucketed_decode.capture  # eager on CPU
     return eng
 
 
@@ -60,13 +68,13 @@ def test_the_attention_length_key_follows_the_rows_and_equals_dynamic(arch, temp
     assert [o.response_ids for o in got] == [o.response_ids for o in want]
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
-    lengths = lengths_first_seen(eng._runner.graphs.steps)
+    lengths = lengths_first_seen(eng._runner.bucketed_decode.steps)
     # the growing CPU cache starts at 64 positions, then 128 is the floor; 512 once past 256
     assert lengths == sorted(lengths) and set(lengths) == {64, 128, 256, 512}
     # the longest row (9 + 300 tokens) decodes 299 times, one step per token after the prefill's:
     # on the CPU each step's results are read before the next is planned (no extra step)
     assert not eng._runner.read_late
-    assert sum(eng._runner.graphs.steps.values()) == 299
+    assert sum(eng._runner.bucketed_decode.steps.values()) == 299
     eng.close()
 
 
@@ -82,7 +90,7 @@ def test_a_sized_cache_caps_the_attention_length_at_its_capacity(monkeypatch):
     assert [o.response_ids for o in got] == [o.response_ids for o in want]
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
-    keys = eng._runner.graphs.steps
+    keys = eng._runner.bucketed_decode.steps
     assert set(lengths_first_seen(keys)) == {128, 256, 310}
     assert {size for size, _ in keys} == {4, 2, 1}  # 3 rows pad to 4, then 2, then 1
     assert eng._runner.cache.capacity == 310
@@ -90,21 +98,21 @@ def test_a_sized_cache_caps_the_attention_length_at_its_capacity(monkeypatch):
 
 
 @pytest.mark.parametrize("arch, temperature", [("llama", 0.0), ("qwen2", 0.7), ("qwen3", 1.0)])
-def test_static_decode_equals_dynamic(arch, temperature):
+def test_cuda_graphs_equals_dynamic(arch, temperature):
     model = tiny_model(arch)
     reqs = [dataclasses.replace(r, params=dataclasses.replace(r.params, seed=i))
             for i, r in enumerate(staggered_requests(7, temperature))]  # 7 rows: buckets 8, 4, 2, 1
-    want = run_sync(TorchEngine(model, EOS, EngineSettings(max_num_seqs=40)), reqs)
+    want = run_sync(TorchEngine(model, EOS, settings_of(max_num_seqs=40)), reqs)
     eng = static_engine(model, max_num_seqs=40)
     got = run_sync(eng, reqs)
     assert [o.response_ids for o in got] == [o.response_ids for o in want]
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
-    assert {1, 2, 4, 8} <= {size for size, _ in eng._runner.graphs.steps}  # padded rows in every bucket but 1
+    assert {1, 2, 4, 8} <= {size for size, _ in eng._runner.bucketed_decode.steps}  # padded rows in every bucket but 1
     eng.close()
 
 
-def test_static_decode_keeps_abort_continue_and_weight_loads():
+def test_cuda_graphs_keeps_abort_continue_and_weight_loads():
     model, other = tiny_model(seed=0), tiny_model(seed=1)
     reqs = [request(f"r{i}", prompt(5 + i, seed=i), 30) for i in range(3)]
     refs = run_sync(TorchEngine(model, eos_token_id=EOS), reqs)

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
+from asyncrl.rollout import TorchEngine, run_sync
 from asyncrl.rollout.runner import StepRunner
-from tests.rollout.rollout_testlib import EOS, mixed_requests, tiny_model
+from tests.rollout.rollout_testlib import EOS, mixed_requests, settings_of, tiny_model
 from tests.training.test_host_syncs import counting, library, ours
 
 
@@ -45,7 +45,7 @@ def counted_run(monkeypatch: pytest.MonkeyPatch, static: bool) -> tuple[list[str
 
     monkeypatch.setattr(StepRunner, "_launch", counted)
     with counting(monkeypatch) as reads:
-        eng = TorchEngine(tiny_model("qwen2"), EOS, EngineSettings(max_num_seqs=4, static_decode=static, seed=0),
+        eng = TorchEngine(tiny_model("qwen2"), EOS, settings_of(max_num_seqs=4, cuda_graphs=static, seed=0),
                           executor=InlineExecutor())
         outs = run_sync(eng, mixed_requests(6, 9, 4))
     eng.close()

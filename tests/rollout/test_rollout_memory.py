@@ -12,14 +12,16 @@ import torch
 
 import asyncrl.rollout.runner as runner_module
 from asyncrl.errors import ConfigError, RolloutError
-from asyncrl.rollout import EngineSettings, TorchEngine, run_sync
-from asyncrl.rollout.memory import DeviceMemory, ModelShape, activation_reserve_bytes, plan_kv_cache
-from tests.rollout.rollout_testlib import EOS, prompt, request, staggered_requests, tiny_model
+from asyncrl.rollout import TorchEngine, run_sync
+from asyncrl.rollout.memory import DeviceMemory, activation_reserve_bytes, plan_kv_cache
+from asyncrl.scheduling.micro_budget import ModelShape
+from tests.rollout.rollout_testlib import EOS, prompt, request, settings_of, staggered_requests, tiny_model
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
-QWEN2_05B = ModelShape(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_heads=14, kv_heads=2,
-                       head_dim=64)
-TINY = ModelShape(vocab_size=64, hidden_size=64, intermediate_size=128, num_heads=4, kv_heads=2, head_dim=16)
+QWEN2_05B = ModelShape(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                       num_kv_heads=2, head_dim=64)
+TINY = ModelShape(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=16)
 TINY_RESERVE = 297_826_304
 """8 rows, max_model_len 64, 4096 prefill tokens: sampling 8*64*4*10 = 20,480; decode
 8*(64*4 + 4*64*4) = 10,240; prefill 4096 * (4*128 + 8*64 + 6*(4+2+2)*16) * 4 = 29,360,128;
@@ -30,7 +32,8 @@ TINY_SLOT = 2 * 2 * 2 * 16 * 4 * 64
 
 def plan(free: float = 78, held: float = 2, **kw: float):
     """80 GiB device, `held` GiB by this process, `free` GiB free; 12 KiB a token, 2048 a slot."""
-    args = dict(fraction=0.5, bytes_per_token=12 * KiB, max_model_len=2048, max_num_seqs=256, reserve_bytes=1 * GiB)
+    args = dict(gpu_memory_utilization=0.5, bytes_per_token=12 * KiB, max_model_len=2048, max_num_seqs=256,
+                reserve_bytes=1 * GiB)
     memory = DeviceMemory(free=int(free * GiB), total=80 * GiB, held=int(held * GiB))
     return plan_kv_cache(memory, **{**args, **kw})
 
@@ -53,7 +56,7 @@ def test_plan_fits_the_share_minus_what_this_process_holds_minus_reserve():
     assert (p.slots, p.capacity, p.available_bytes) == (1578, 2048, 37 * GiB)
     assert p.kv_bytes == 1578 * 24 * MiB
     assert plan().slots == 256  # max_num_seqs caps it
-    assert plan(fraction=0.05).slots == 42  # 4 - 2 - 1 = 1 GiB: 42.7 slots
+    assert plan(gpu_memory_utilization=0.05).slots == 42  # 4 - 2 - 1 = 1 GiB: 42.7 slots
 
 
 def test_this_process_counts_against_the_share_other_processes_only_through_free():
@@ -89,7 +92,7 @@ def fake_device(monkeypatch, slots: float, fraction: float = 0.5) -> None:
 
 
 def sized_engine(model, **kw) -> TorchEngine:
-    return TorchEngine(model, EOS, EngineSettings(static_decode=True, max_num_seqs=8, max_model_len=64, **kw))
+    return TorchEngine(model, EOS, settings_of(cuda_graphs=True, max_num_seqs=8, max_model_len=64, **kw))
 
 
 def seeded(reqs):
@@ -109,7 +112,7 @@ def test_a_sized_cache_is_allocated_once_and_equals_the_dynamic_engine(monkeypat
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-5)
     assert cache.generation == 1  # never reallocated
-    assert {length for _, length in eng._runner.graphs.steps} == {64}  # min(128, capacity)
+    assert {length for _, length in eng._runner.bucketed_decode.steps} == {64}  # min(128, capacity)
     eng.close()
 
 
@@ -117,7 +120,7 @@ def test_short_memory_lowers_the_sequences_run_at_once(monkeypatch, caplog):
     fake_device(monkeypatch, slots=3.5)
     model = tiny_model("llama")
     reqs = seeded(staggered_requests(7, temperature=1.0))
-    want = run_sync(TorchEngine(model, EOS, EngineSettings(max_num_seqs=8)), reqs)
+    want = run_sync(TorchEngine(model, EOS, settings_of(max_num_seqs=8)), reqs)
     with caplog.at_level(logging.WARNING, logger="asyncrl.rollout"):
         eng = sized_engine(model)
     lowered = [r.message for r in caplog.records if "gpu_memory_utilization" in r.message]
@@ -125,7 +128,7 @@ def test_short_memory_lowers_the_sequences_run_at_once(monkeypatch, caplog):
     assert eng._runner.max_num_seqs == eng._scheduler.max_num_seqs == eng._runner.cache.slots == 3
     got = run_sync(eng, reqs)
     assert [o.response_ids for o in got] == [o.response_ids for o in want]  # seeded rows: batch-independent
-    assert {size for size, _ in eng._runner.graphs.steps} <= {1, 2, 3}
+    assert {size for size, _ in eng._runner.bucketed_decode.steps} <= {1, 2, 3}
     eng.close()
 
 
@@ -140,7 +143,7 @@ def test_no_room_for_one_sequence_raises_at_construction(monkeypatch):
 
 
 def test_a_request_longer_than_max_model_len_is_refused():
-    eng = TorchEngine(tiny_model(), EOS, EngineSettings(max_model_len=20))
+    eng = TorchEngine(tiny_model(), EOS, settings_of(max_model_len=20))
     with pytest.raises(RolloutError, match="needs 21 cached tokens .* max_model_len is 20; raise max_model_len"):
         run_sync(eng, [request("a", prompt(5, seed=0), 16)])
     assert run_sync(eng, [request("b", prompt(5, seed=0), 15)])[0].finish_reason == "length"

@@ -13,7 +13,7 @@ import torch
 
 from asyncrl.config.schema import MultiTurnConfig, RolloutConfig
 from asyncrl.rollout import TorchEngine
-from asyncrl.rollout.registry import engine_settings
+from asyncrl.rollout.settings import engine_settings
 from asyncrl.types import EngineStats, Trajectory
 from tests.rollout.rollout_testlib import engine, prompt, request, tiny_model
 
@@ -81,15 +81,15 @@ def test_turns_after_the_first_prefill_only_their_new_tokens(arch: str) -> None:
     assert stats[-1].prefix_cache_hit_tokens == (40 + 6) + (40 + 7 + TOOL_TOKENS + 6)
 
 
-@pytest.mark.parametrize(("static_decode", "read_late"), [(False, False), (True, False), (True, True)])
-def test_conversations_under_slot_and_budget_pressure_equal_the_engine_without_a_cache(static_decode: bool,
+@pytest.mark.parametrize(("cuda_graphs", "read_late"), [(False, False), (True, False), (True, True)])
+def test_conversations_under_slot_and_budget_pressure_equal_the_engine_without_a_cache(cuda_graphs: bool,
                                                                                         read_late: bool) -> None:
     """Six conversations in eight slots and a 250-token budget: entries are moved out of the way
     and evicted for slots and for the budget; greedy outputs stay those of the engine without a
     cache. Static decode pads rows into the entries' slots (CUDA graphs' layout, run eagerly here);
     a late read (a GPU's) runs a finished row one extra step before its entry is made."""
     model = tiny_model("llama")
-    settings: dict[str, Any] = dict(max_num_seqs=8, kv_budget_tokens=250, static_decode=static_decode)
+    settings: dict[str, Any] = dict(max_num_seqs=8, kv_budget_tokens=250, cuda_graphs=cuda_graphs)
     refs, _, _ = run_conversations(model, episodes=6, turns=3, read_late=read_late, **settings)
     outs, stats, evictions = run_conversations(model, episodes=6, turns=3, read_late=read_late, prefix_cache=True,
                                                **settings)
@@ -105,7 +105,7 @@ def test_a_cache_sized_once_as_on_a_gpu_keeps_entries_clear_of_the_graph_padding
     model = tiny_model("llama")
 
     async def main(prefix_cache: bool) -> list[Trajectory]:
-        eng = engine(model, prefix_cache=prefix_cache, static_decode=True, max_model_len=64, max_num_seqs=4)
+        eng = engine(model, prefix_cache=prefix_cache, cuda_graphs=True, max_model_len=64, max_num_seqs=4)
         eng._runner.cache.allocate(64)  # what the runner does on a GPU (`memory.plan_kv_cache`)
         eng._runner.read_late = True  # and a GPU's late read: a finished row's extra step feeds its last token
         outs = await asyncio.gather(*(converse(eng, e, 3, 30 + e, 7) for e in range(4)))  # 64 = 33 + 2 x 12 + 7

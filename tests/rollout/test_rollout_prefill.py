@@ -17,7 +17,7 @@ from asyncrl.rollout.forward import BatchedForward
 from asyncrl.rollout.graphs import BucketedPrefill, prefill_token_buckets
 from asyncrl.rollout.kv_cache import SlotKVCache
 from asyncrl.rollout.prefill import PackedPrompts, PrefillPath, causal_attention, pack_prompts, prefill_path
-from asyncrl.rollout.registry import engine_settings
+from asyncrl.rollout.settings import engine_settings
 from asyncrl.training import attention_kernels as kernels
 from tests.rollout.rollout_testlib import FAST_ARCHS, engine, prompt, request, staggered_requests, tiny_model
 from tests.rollout.test_rollout_architectures import hf_greedy
@@ -188,7 +188,7 @@ def test_the_cpu_engine_prefills_packed_and_decodes_hf_greedy_tokens_as_the_padd
 
 def test_rollout_packed_prefill_off_is_the_padded_prefill() -> None:
     """The key the engine bench turns the packed prefill off by (today's path, its baseline)."""
-    assert engine_settings(RolloutConfig(packed_prefill="off"), device="cpu", seed=0).packed_prefill == "off"
+    assert engine_settings(RolloutConfig(packed_prefill="off"), device="cpu", seed=0).packed_prefill is False
     eng = engine(tiny_model("llama"), max_num_seqs=4, packed_prefill="off")
     run_sync(eng, staggered_requests(3))
     assert eng._runner.prefill_path == "padded" and set(eng._runner.prefills) == {"padded"}
@@ -202,14 +202,14 @@ def test_bucketed_prefill_keys_and_eager_overflow_decode_hf_greedy_tokens() -> N
     model = tiny_model("llama", seed=4)
     reqs = [*staggered_requests(5), request("long", prompt(70, seed=9), 6)]
     want = [hf_greedy(model, r) for r in reqs]
-    eng = engine(model, max_num_seqs=4, static_decode=True)
+    eng = engine(model, max_num_seqs=4, cuda_graphs=True)
     runner = eng._runner
-    assert runner.graphs is not None and isinstance(runner.cache, SlotKVCache)
+    assert runner.bucketed_decode is not None and isinstance(runner.cache, SlotKVCache)
     assert isinstance(runner.forward, BatchedForward)
     runner.prefill_path = "rows"
-    runner.prefill_graphs = BucketedPrefill(runner.forward, runner.cache, 4, 64, path="rows", capture=False)
+    runner.bucketed_prefill = BucketedPrefill(runner.forward, runner.cache, 4, 64, path="rows", capture=False)
     assert [o.response_ids for o in run_sync(eng, reqs)] == want
-    graphs = runner.prefill_graphs
+    graphs = runner.bucketed_prefill
     assert graphs.eager == 1  # the 70-token prompt
     assert all(tokens in prefill_token_buckets(64) and rows in (1, 2, 4) for tokens, rows in graphs.steps)
     assert (64, 4) in graphs.steps  # the first admission: 4 prompts of 3..10 tokens

@@ -33,7 +33,7 @@ def test_admission_respects_slots_and_prefill_budget() -> None:
 
 
 def test_admission_waits_for_min_free_slots_unless_the_queue_is_shorter() -> None:
-    sched = Scheduler(max_num_seqs=4, kv_budget_tokens=1000, max_prefill_tokens=100, min_free_slots=3)
+    sched = Scheduler(max_num_seqs=4, kv_budget_tokens=1000, max_prefill_tokens=100, admit_min_free_slots=3)
     seqs = [seq(f"s{i}", prompt_len=2, max_tokens=2 + i) for i in range(7)]
     for s in seqs:
         sched.add(s)
@@ -49,8 +49,8 @@ def test_admission_waits_for_min_free_slots_unless_the_queue_is_shorter() -> Non
 
 
 def test_a_queue_shorter_than_min_free_slots_never_waits() -> None:
-    sched = Scheduler(max_num_seqs=4, kv_budget_tokens=1000, max_prefill_tokens=100, min_free_slots=8)
-    assert sched.min_free_slots == 4  # capped at max_num_seqs
+    sched = Scheduler(max_num_seqs=4, kv_budget_tokens=1000, max_prefill_tokens=100, admit_min_free_slots=8)
+    assert sched.admit_min_free_slots == 4  # capped at max_num_seqs
     for i in range(3):
         sched.add(seq(f"s{i}", prompt_len=2, max_tokens=50))
     step(sched)

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from asyncrl.rollout import run_sync
-from asyncrl.rollout.replay import replay
 from asyncrl.rollout.settings import EngineSettings
 from asyncrl.types import GenerationRequest
 from bench.gpu_engine import CUDA_DEFAULTS, MODELS, workload
-from tests.rollout.rollout_testlib import engine, staggered_requests, tiny_model
+from bench.scheduler_replay import replay
+from tests.rollout.rollout_testlib import engine, settings_of, staggered_requests, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def requests() -> list[GenerationRequest]:
 def bench_settings(requests: list[GenerationRequest], batch: int, **fields: Any) -> EngineSettings:
     """What `bench/gpu_engine.py` gives the engine at max batch `batch` (and `fields`)."""
     longest = max(len(r.prompt_ids) + r.params.max_tokens for r in requests)
-    return EngineSettings(max_num_seqs=batch, kv_budget_tokens=longest * batch, max_model_len=longest, **fields)
+    return settings_of(max_num_seqs=batch, kv_budget_tokens=longest * batch, max_model_len=longest, **fields)
 
 
 def test_the_request_set_is_the_benchmarks(requests: list[GenerationRequest]) -> None:
@@ -59,7 +59,7 @@ def test_waiting_for_eight_free_slots_cuts_the_prefill_steps(requests: list[Gene
 def test_the_cuda_default(requests: list[GenerationRequest], batch: int) -> None:
     settings = bench_settings(requests, batch, device="cuda")  # admit_min_free_slots 0: max_num_seqs / 8
     counts = replay(requests, settings)
-    print(f"batch {batch}, CUDA default k = {settings.admit_free_slots}: {counts.prefill_steps} prefill steps, "
+    print(f"batch {batch}, CUDA default k = {settings.admit_min_free_slots}: {counts.prefill_steps} prefill steps, "
           f"{counts.decode_steps} decode steps")
     assert counts.prefill_steps <= 30
 
@@ -75,7 +75,7 @@ def test_the_engine_admits_by_its_settings_and_steps_as_the_replay_does() -> Non
         eng = engine(model, max_num_seqs=4, admit_min_free_slots=k)
         responses.append([o.response_ids for o in run_sync(eng, reqs)])
         eng.close()
-        counts = replay(reqs, EngineSettings(max_num_seqs=4, admit_min_free_slots=k),
+        counts = replay(reqs, settings_of(max_num_seqs=4, admit_min_free_slots=k),
                         one_step_late=eng._runner.read_late)
         assert eng._scheduler.step_counts == {"steps": counts.steps, "decode": counts.decode_steps,
                                               "prefill": counts.prefill_steps, "moves": counts.move_steps}

@@ -9,7 +9,7 @@ import copy
 import torch
 
 from asyncrl.config.schema import RewardConfig, RolloutConfig
-from asyncrl.rollout import EngineSettings, TorchEngine
+from asyncrl.rollout import TorchEngine, engine_settings
 from asyncrl.types import PromptRow
 from asyncrl.workers.reward import RewardWorker
 from asyncrl.workers.rollout import RequestBuilder
@@ -25,7 +25,7 @@ class NoTokenizer:
 
 
 def server(model) -> RolloutServer:
-    engine = TorchEngine(copy.deepcopy(model), 0, EngineSettings(kv_budget_tokens=4096, max_num_seqs=8))
+    engine = TorchEngine(copy.deepcopy(model), 0, engine_settings(RolloutConfig(kv_budget_tokens=4096, max_num_seqs=8)))
     cfg = RolloutConfig(temperature=0.0, ignore_eos=True)
     return RolloutServer(engine, RequestBuilder(cfg, max_tokens=40, seed=0),
                          RewardWorker(NoTokenizer(), RewardConfig()))

@@ -11,7 +11,7 @@ import torch
 
 from asyncrl.agents import EngineClient, EpisodeBuilder, MessageTemplate, ToolEpisode
 from asyncrl.config.schema import MultiTurnConfig, RewardConfig, RolloutConfig
-from asyncrl.rollout import EngineSettings, TorchEngine
+from asyncrl.rollout import TorchEngine, engine_settings
 from asyncrl.types import PromptRow, Trajectory
 from asyncrl.workers.reward import RewardWorker
 from asyncrl.workers.rollout import RequestBuilder
@@ -131,7 +131,8 @@ def test_episodes_through_the_torch_engine_continue_across_a_sync_with_the_same_
     model = tiny_lm()
 
     def server() -> RolloutServer:
-        engine = TorchEngine(copy.deepcopy(model), 0, EngineSettings(kv_budget_tokens=4096, max_num_seqs=8))
+        engine = TorchEngine(copy.deepcopy(model), 0,
+                             engine_settings(RolloutConfig(kv_budget_tokens=4096, max_num_seqs=8)))
         cfg = RolloutConfig(temperature=0.0, ignore_eos=True, multi_turn=MultiTurnConfig(enable=True))
         row_tok = type("NoTok", (), {"batch_decode": lambda self, ids, skip_special_tokens=True: ["1"] * len(ids)})()
         return RolloutServer(engine, RequestBuilder(cfg, max_tokens=40, seed=0), RewardWorker(row_tok, RewardConfig()),
@@ -172,7 +173,8 @@ async def kept_episode(row: PromptRow, client: EngineClient, partial: Trajectory
 
 def test_keep_slot_pins_the_conversation_and_the_next_turn_prefills_only_its_new_tokens():
     def run(keep_slot: str) -> tuple[Trajectory, object]:
-        engine = TorchEngine(tiny_lm(), 0, EngineSettings(kv_budget_tokens=4096, max_num_seqs=8, prefix_cache=True))
+        multi_turn = RolloutConfig(kv_budget_tokens=4096, max_num_seqs=8, multi_turn=MultiTurnConfig(enable=True))
+        engine = TorchEngine(tiny_lm(), 0, engine_settings(multi_turn))
         cfg = RolloutConfig(temperature=0.0, ignore_eos=True,
                             multi_turn=MultiTurnConfig(enable=True, keep_slot=keep_slot))  # type: ignore[arg-type]
         no_tok = type("NoTok", (), {"batch_decode": lambda self, ids, skip_special_tokens=True: ["1"] * len(ids)})()

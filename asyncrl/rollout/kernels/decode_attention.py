@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from asyncrl.rollout.sizes import pow2_at_least
+
 BLOCK_N = 64
 """Positions per loop iteration (and the granularity of a split's chunk)."""
 MAX_SPLITS = 16
@@ -44,13 +46,6 @@ programs to hide memory latency without splitting rows into chunks too small to 
 INTERPRETED_PROGRAMS = 64
 """The target without a GPU (the interpreter runs programs one by one: any value is correct;
 this one makes the CPU tests run splits)."""
-
-
-def _pow2_at_least(n: int, minimum: int) -> int:
-    size = minimum
-    while size < n:
-        size *= 2
-    return size
 
 
 @functools.cache
@@ -160,7 +155,7 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         (q.shape, keys.shape, values.shape)
     assert q.stride(-1) == keys.stride(-1) == values.stride(-1) == 1, "head_dim must be contiguous"
     out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device)
-    block_d = _pow2_at_least(head_dim, 16)
+    block_d = pow2_at_least(head_dim, 16)
     if splits == 1:
         part, lse = out, out  # one chunk: the kernel writes the output, no partials
     else:
@@ -171,13 +166,13 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         q.stride(0), q.stride(1), *keys.stride()[:3], *values.stride()[:3],
         part.stride(0), part.stride(1), part.stride(2) if splits > 1 else 0,
         lse.stride(0), lse.stride(1), scale,
-        GROUPS=groups, BLOCK_G=_pow2_at_least(groups, 16), HEAD_DIM=head_dim, BLOCK_D=block_d,
+        GROUPS=groups, BLOCK_G=pow2_at_least(groups, 16), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_N=block_n, SPLITS=splits,
     )
     if splits > 1:
         _combine_kernel[(rows, heads)](
             part, lse, out, part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
             out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=splits, BLOCK_S=_pow2_at_least(splits, 2),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=splits, BLOCK_S=pow2_at_least(splits, 2),
         )
     return out

@@ -8,10 +8,10 @@ the steps by kind (with the scheduler's own `step_counts`) and the decode graphs
 attention length) a static engine with the padded-length decode attention would capture, which
 is how issue 24 explained the GPU run's step and graph counts exactly.
 
-Used by tests/rollout/test_scheduler_replay.py (the admission rule's counts), and there for an
-engine benchmark to print the prefill steps of its settings without importing tests. It lives in
-the package, beside the scheduler and the graph bucketing it mirrors, so a change to either
-shows up in its counts.
+A diagnostic of the benchmarks, so it lives in bench/ (issue 35): tests/rollout/test_scheduler_replay.py
+asserts the admission rule's counts with it, and an engine benchmark can print the prefill steps
+of its settings. It drives the package's own scheduler and graph bucketing, so a change to
+either shows up in its counts.
 
 Not here: time. A count says what a step does, not how long it takes (docs/engine.md's cost
 model, the simulator in `asyncrl.sim`).
@@ -65,7 +65,7 @@ def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings, *
     results (a finishing row takes one extra step); False applies each step before planning the
     next, as the engine of the GPU run that issue 24 explains did."""
     scheduler = Scheduler(settings.max_num_seqs, settings.kv_budget_tokens, settings.max_prefill_tokens,
-                          min_free_slots=settings.admit_free_slots)
+                          admit_min_free_slots=settings.admit_min_free_slots)
     for request in requests:
         scheduler.add(Sequence.from_request(request, eos_ids=()))
     rows: Counter[str] = Counter()
@@ -74,7 +74,7 @@ def replay(requests: SequenceABC[GenerationRequest], settings: EngineSettings, *
     queued: StepPlan | None = None
     while (plan := scheduler.schedule()) is not None or queued is not None:
         if plan is not None:
-            _count(plan, rows, graphs, sizes, settings.model_len)
+            _count(plan, rows, graphs, sizes, settings.max_model_len)
         for done in ((queued,) if one_step_late else (plan,)):
             if done is not None:
                 scheduler.apply(done, StepResult([_NO_TOKEN] * done.num_rows, [0.0] * done.num_rows, 0))
