@@ -35,7 +35,7 @@ def test_the_floor_is_the_engines_own_step_and_the_own_mix_floor_counts_the_last
         monkeypatch: pytest.MonkeyPatch) -> None:
     row = one_batch(monkeypatch, "--engine-runs", "2")
     assert row["own_mix_steps"] == row["decode_steps"] > 0  # not both runs' steps
-    assert 0 < row["engine_vs_own_mix_floor"] < 1.5  # 2x and more when both runs were counted
+    assert row["engine_vs_own_mix_floor"] > 0  # its size is a timing: the step counts above decide
     assert row["capture_s"] == 0.0
     # the engine's forward as the CPU resolves it, its graph key (bucket 4, the matmul path's length)
     assert row["floor_forward"] == {"fused": False, "attention": "matmul"}
