@@ -75,7 +75,24 @@ def attention_length(max_position: int, capacity: int, minimum: int = MIN_ATTENT
     return min(pow2_at_least(max_position + 1, minimum), capacity)
 
 
-class BucketedDecode:
+class _Bucketed:
+    """What the decode and prefill buckets report of their graphs."""
+
+    graphs: CapturedGraphs | None
+    """None: run eagerly (no capture)."""
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far (a key is captured again after the cache's buffers change)."""
+        return 0 if self.graphs is None else self.graphs.captures
+
+    @property
+    def capture_s(self) -> float:
+        """Wall time spent capturing them (warm-up runs included)."""
+        return 0.0 if self.graphs is None else self.graphs.capture_s
+
+
+class BucketedDecode(_Bucketed):
     """Decode rows through static buffers, one graph per key (bucket, attention length; 0 when
     the forward reads real lengths; and the sampling mode) when `capture`."""
 
@@ -97,16 +114,6 @@ class BucketedDecode:
         self._inputs = torch.zeros(max_rows, 2, dtype=torch.int64, device=device)  # (rows, position|length)
         self._logits = torch.zeros(max_rows, forward.vocab_size, dtype=torch.float32, device=device)
         self._modes: dict[tuple[int, int], SamplingMode] = {}  # key -> the sampling mode it last ran
-
-    @property
-    def captures(self) -> int:
-        """Graphs captured so far (a key is captured again after the cache's buffers change)."""
-        return 0 if self.graphs is None else self.graphs.captures
-
-    @property
-    def capture_s(self) -> float:
-        """Wall time spent capturing them (warm-up runs included)."""
-        return 0.0 if self.graphs is None else self.graphs.capture_s
 
     def __call__(self, positions: Sequence[int], mode: SamplingMode) -> None:
         """One decode step of the rows in slots 0..B-1 at `positions`, each fed its slot's last
@@ -166,7 +173,7 @@ def prefill_token_buckets(max_tokens: int, minimum: int = MIN_PREFILL_TOKENS) ->
     return [*sizes, max_tokens]
 
 
-class BucketedPrefill:
+class BucketedPrefill(_Bucketed):
     """Packed prefills (`BatchedForward.prefill_packed`) through static buffers, one graph per
     (token bucket, row bucket) when `capture`.
 
@@ -204,14 +211,6 @@ class BucketedPrefill:
         device = cache.device
         self._flat = torch.zeros(layout_size(self.token_sizes[-1], max_rows), dtype=torch.int64, device=device)
         self._logits = torch.zeros(max_rows, forward.vocab_size, dtype=torch.float32, device=device)
-
-    @property
-    def captures(self) -> int:
-        return 0 if self.graphs is None else self.graphs.captures
-
-    @property
-    def capture_s(self) -> float:
-        return 0.0 if self.graphs is None else self.graphs.capture_s
 
     def __call__(self, contexts: Sequence[Sequence[int]], first_slot: int) -> torch.Tensor:
         """Logits (len(contexts), V) float32 of each prompt's last token; prompts go to slots
