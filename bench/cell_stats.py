@@ -19,14 +19,14 @@ from typing import Any
 
 BUCKET = 8
 """Tokens per length-histogram bucket."""
-CUMULATIVE = ("fully_async/count/",)
+CUMULATIVE = ("fully_async/count/", "fully_async/dropped/")
 """Metric prefixes that count over the run (verl's stale counters): a run's figure is the last value."""
 MAXIMA = ("staleness/version_lag_max", "fully_async/partial/max_partial_span")
 """Metrics whose run figure is the largest over the steps."""
 DIAGNOSTICS = ("staleness/version_lag_mean", "staleness/version_lag_max", "fully_async/count/stale_samples_processed",
                "fully_async/count/stale_trajectory_processed", "fully_async/partial/partial_ratio",
                "off_policy/is_weight_mean", "off_policy/is_truncated_frac", "actor/ppo_kl", "actor/pg_clipfrac",
-               "response_length/mean")
+               "response_length/mean", "fully_async/count/dropped_stale", "fully_async/dropped/response_length_mean")
 """What explains a gap between modes (issue 26): staleness, partial rollout, off-policy weights, KL, clipping."""
 
 
