@@ -9,8 +9,8 @@ last 3 updates minus that of the first 3, 96 episodes each): colocated seeds 0, 
 0.177, 0.230, 0.240; fully async seed 0 by 0.250 and 0.240 (two runs: its threads interleave),
 seed 1 by 0.261 (mean 0.233, standard deviation 0.029). One run's window difference has a
 standard error of about 0.07 (rewards near 0.5 over 96 episodes a window): a rise of at least
-0.08 is 2 such errors below the mean and 0.1 below the lowest run. 4x the default learning rate
-(4e-4) collapsed within 10 updates on two seeds: the default is kept. No validation runs (it
+0.08 is 2 such errors below the mean and 0.1 below the lowest run. Twice the default learning
+rate (4e-4) collapsed within 10 updates on two seeds, 5x (1e-3) on three: the default is kept. No validation runs (it
 would cost 20 s a test); the comparison on validation accuracy is the bench's."""
 
 from __future__ import annotations
