@@ -71,12 +71,12 @@ def test_a_sigkilled_agent_run_resumes_and_trains_each_prompt_once(tiny_cache, t
 
     lines: list[str] = []
     cfg = load_config(None, [*signals.RUN, *extra, f"trainer.output_dir={out}",
-                             f"rollout.total_rollout_steps={state['trained'] + 16}"])
+                             f"rollout.total_rollout_steps={state['trained'] + 8}"])
     asyncio.run(pipeline_module(cfg.pipeline).run(build_context(cfg, log=lines.append)))
     assert any(f"{len(in_flight)} prompts handed out and not trained to generate again" in x for x in lines), lines
     assert not after or any(f"dropped {len(after)} groups trained after" in x for x in lines), lines
     samples = read_jsonl(out / "samples.jsonl")
-    prompts_once(out, state["trained"] + 16)
+    prompts_once(out, state["trained"] + 8)
     assert set(in_flight) <= {s["prompt"] for s in samples if s["step"] > state["step"]}  # started again, trained
     rows = read_jsonl(out / "metrics.jsonl")
     assert all(r["agent/retokenized_tokens"] == 0 and r["agent/errors"] == 0 for r in rows if "agent/calls" in r)
