@@ -153,13 +153,18 @@ class Trajectory:
     token is the model's (a single-turn response)."""
     episode: dict[str, float] = field(default_factory=dict)
     """A multi-turn episode's counters (num_turns, tool_calls, tool_errors, tool_time_s, ...); empty for one turn."""
+    chains: list[Trajectory] = field(default_factory=list)
+    """An agent episode's other chains (`asyncrl.agents.gateway.chains`), in the order they began:
+    each a trajectory of its own, trained with this one's reward and advantage (this trajectory
+    is the chain of the episode's last call). Empty for every other response."""
 
     @property
     def start_version(self) -> int:
         versions = self.versions
         if type(versions) is RunLength and versions.runs and versions.runs[0][1]:  # the simulator's
             return versions.runs[0][0]  # responses: read the first run, no sequence protocol
-        return versions[0] if versions else -1
+        first = versions[0] if versions else -1
+        return min(first, *(c.start_version for c in self.chains)) if self.chains else first
 
     @property
     def end_version(self) -> int:

@@ -8,6 +8,9 @@ a GRPO group is n episodes of one prompt (`rollout.n`), scored on their whole re
 verl's agent loop is. The trajectory's `response_ids` are the model's tokens as generated and
 the environment's tokens as appended, never re-tokenised; `loss_mask` says which are the
 model's (1, trained) and which are context (0: log-prob 0.0, version of the turn before).
+An episode whose turns form several conversations that do not extend one another (an agent's
+chains, `asyncrl.agents.gateway`) returns the last one and puts the others in its `chains`:
+each trained as a row of its own with the episode's reward and advantage, the episode counted once.
 
 `partial` is the same episode stopped earlier (finish_reason "aborted": a stop, a checkpoint,
 tail batching): the episode continues it instead of starting over. `EpisodeBuilder.resume`

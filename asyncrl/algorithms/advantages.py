@@ -14,12 +14,16 @@ Groups of one response: there is nothing to compare with, so the baseline is 0 a
 `rollout.n=1` learning instead of silently producing zero gradients. `grpo_passk` cannot rank a
 single response and raises instead.
 
+An agent episode may be several rows (its chains, `episode_advantage`): a group estimator then
+compares the n episodes of a prompt, not their rows, and each chain takes its episode's advantage.
+
 Not here: KL-in-reward (see `kl.py`), dynamic-sampling filters, any distributed gather.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -250,6 +254,9 @@ ADV_ESTIMATOR_NAMES: tuple[str, ...] = tuple(ADV_ESTIMATORS)
 assert ADV_ESTIMATOR_NAMES == choices(AdvEstimatorName), "register the name in asyncrl.config.names"
 NEEDS_CRITIC: frozenset[str] = frozenset({"gae"})
 NEEDS_REWARD_BASELINES: frozenset[str] = frozenset({"remax"})
+GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "opo",
+                                              "gpg"})
+"""The estimators that compare a response with its group (one advantage per response)."""
 
 
 def compute_advantage(
@@ -283,3 +290,28 @@ def compute_advantage(
             norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, epsilon=epsilon,
         )
     return advantages.detach(), returns.detach()
+
+
+def episode_advantage(name: AdvEstimatorName, token_level_rewards: Tensor, response_mask: Tensor,
+                      index: GroupIndex, episode_B: Sequence[int], **options: Any) -> tuple[Tensor, Tensor]:
+    """`compute_advantage` when some rows are chains of one agent episode: `episode_B[i]` is the
+    row of row i's episode (i itself for a response or an episode's own row). A group estimator
+    compares the episodes: its statistics run over the episodes' own rows only, and every chain
+    takes its episode's advantage on its own trained tokens. The other estimators (gae,
+    reinforce_plus_plus, remax) have no group statistic: each chain is a sequence of its own,
+    ending in the episode's reward (`build_batch` puts it there).
+    Example (grpo): rows [c, e0, e1], episode_B [1, 1, 2], scores of e0 1 and of e1 0 -> a group
+    of 2 episodes: e0 +0.707107, e1 -0.707107, and c +0.707107 on its tokens (3 rows would
+    give other statistics)."""
+    if name not in GROUP_ESTIMATORS or all(e == i for i, e in enumerate(episode_B)):
+        return compute_advantage(name, token_level_rewards, response_mask, index, **options)
+    own = [i for i, e in enumerate(episode_B) if e == i]
+    pick = torch.tensor(own, device=response_mask.device)
+    keys = index.tolist() if hasattr(index, "tolist") else list(index)
+    options = {k: v for k, v in options.items() if k not in ("values", "reward_baselines")}
+    adv, _ = compute_advantage(name, token_level_rewards[pick], response_mask[pick], [keys[i] for i in own], **options)
+    mask = response_mask[pick]
+    per_episode = masked_sum(adv, mask, dim=-1) / mask.sum(-1).clamp(min=1)  # an outcome advantage: one per row
+    slot = {row: k for k, row in enumerate(own)}
+    adv_B = per_episode[torch.tensor([slot[e] for e in episode_B], device=per_episode.device)]
+    return _broadcast(adv_B, response_mask)

@@ -174,8 +174,11 @@ def build_batch(groups: Sequence[Group], pad_id: int) -> TrainBatch:
     trained token (the last response token unless an episode ends on tool text); `loss_mask` is
     `response_mask` itself unless some trajectory carries a `loss_mask`.
     Example: response [a, b, t, t, c, t] with loss mask [1, 1, 0, 0, 1, 0] -> every column
-    attended, loss mask as given, reward on column 4 (c)."""
-    trajs = [(g.uid, t) for g in groups for t in g.trajectories]
+    attended, loss mask as given, reward on column 4 (c).
+    An agent episode's other chains (`Trajectory.chains`) are rows of their own, just before
+    the episode's row, each with the episode's reward (`episode_rows`)."""
+    trajs = [(g.uid, row) for g in groups for t in g.trajectories for row in (*t.chains, t)]
+    rewards = [t.reward for g in groups for t in g.trajectories for _ in (*t.chains, t)]
     assert trajs, "cannot build an empty batch"
     P = max(len(t.prompt_ids) for _, t in trajs)
     T = max(max(len(t.response_ids) for _, t in trajs), 1)
@@ -186,7 +189,7 @@ def build_batch(groups: Sequence[Group], pad_id: int) -> TrainBatch:
     versions = torch.zeros((B, T), dtype=torch.long)
     scores = torch.zeros((B, T))
     loss_mask = torch.zeros((B, T)) if any(len(t.loss_mask) for _, t in trajs) else None
-    for i, (_, t) in enumerate(trajs):
+    for i, ((_, t), reward) in enumerate(zip(trajs, rewards, strict=True)):
         p, r = len(t.prompt_ids), len(t.response_ids)
         input_ids[i, P - p : P] = torch.tensor(t.prompt_ids)
         input_ids[i, P : P + r] = torch.tensor(t.response_ids, dtype=torch.long)
@@ -197,7 +200,7 @@ def build_batch(groups: Sequence[Group], pad_id: int) -> TrainBatch:
             assert len(t.loss_mask) in (0, r), f"{t.request_id}: {len(t.loss_mask)} loss-mask entries for {r} tokens"
             loss_mask[i, :r] = torch.tensor(t.loss_mask, dtype=torch.float) if len(t.loss_mask) else 1.0
         if r:
-            scores[i, _last_trained(t.loss_mask, r)] = t.reward
+            scores[i, _last_trained(t.loss_mask, r)] = reward
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     response_mask = attention_mask[:, P:].float()
     return TrainBatch(
@@ -206,6 +209,16 @@ def build_batch(groups: Sequence[Group], pad_id: int) -> TrainBatch:
         loss_mask=response_mask if loss_mask is None else loss_mask,
         rollout_log_probs=rollout_lp, token_level_scores=scores, versions=versions,
         index=[uid for uid, _ in trajs], prompt_width=P)
+
+
+def episode_rows(groups: Sequence[Group]) -> list[int]:
+    """For each row of `build_batch(groups)`, the row of its episode: itself for every response,
+    the episode's own row (its last chain's) for an agent episode's other chains.
+    Example: trajectories a, b where b has one other chain c -> rows [a, c, b] -> [0, 2, 2]."""
+    out: list[int] = []
+    for t in (t for g in groups for t in g.trajectories):
+        out += [len(out) + len(t.chains)] * (len(t.chains) + 1)
+    return out
 
 
 def _last_trained(loss_mask: Sequence[int], length: int) -> int:

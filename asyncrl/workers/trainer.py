@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.algorithms.advantages import compute_advantage
+from asyncrl.algorithms.advantages import episode_advantage
 from asyncrl.algorithms.agg import masked_mean
 from asyncrl.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
 from asyncrl.algorithms.off_policy import truncated_is_weights
@@ -48,7 +48,7 @@ from asyncrl.sync import TrainerWeights
 from asyncrl.telemetry.metrics import masked_stats, timer
 from asyncrl.telemetry.perf import ModelShape, actor_mfu, cuda_name, memory_metrics
 from asyncrl.training.actor import Actor, RefWorker
-from asyncrl.training.batch import TrainBatch, build_batch
+from asyncrl.training.batch import TrainBatch, build_batch, episode_rows
 from asyncrl.training.compile import compile_metrics
 from asyncrl.training.critic import Critic
 from asyncrl.types import Group, WeightMeta
@@ -227,9 +227,9 @@ class PPOTrainer:
         baselines = None
         if alg.adv_estimator == "remax":
             baselines = torch.tensor([g.baseline_reward or 0.0 for g in groups
-                                      for _ in g.trajectories])
-        batch.advantages, batch.returns = compute_advantage(
-            alg.adv_estimator, batch.token_level_rewards, batch.loss_mask, batch.index,
+                                      for t in g.trajectories for _ in (*t.chains, t)])
+        batch.advantages, batch.returns = episode_advantage(
+            alg.adv_estimator, batch.token_level_rewards, batch.loss_mask, batch.index, episode_rows(groups),
             values=batch.values, reward_baselines=baselines, gamma=alg.gamma, lam=alg.lam,
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.algorithms.advantages import ADV_ESTIMATOR_NAMES, NEEDS_CRITIC, compute_advantage
+from asyncrl.algorithms.advantages import ADV_ESTIMATOR_NAMES, NEEDS_CRITIC, compute_advantage, episode_advantage
 
 from ._util import close, random_mask, scramble
 
@@ -208,3 +208,25 @@ def test_outputs_carry_no_gradient() -> None:
     rewards.requires_grad_(True)
     adv, ret = compute_advantage("grpo", rewards, mask, ["p", "p"])
     assert not adv.requires_grad and not ret.requires_grad
+
+
+def test_an_episodes_chains_take_its_group_advantage_and_do_not_count_in_the_group() -> None:
+    # the episode_advantage docstring example: rows [c, e0, e1], c a chain of e0
+    rewards, mask = outcome([1.0, 1.0, 0.0], lengths=[2, 3, 1])
+    adv, ret = episode_advantage("grpo", rewards, mask, ["p"] * 3, [1, 1, 2])
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)  # two episodes, scores 1 and 0: mean 0.5, unbiased std sqrt(1/2)
+    per_row(adv, mask, [a, a, -a])
+    close(ret, adv)
+    adv, _ = episode_advantage("rloo", rewards, mask, ["p"] * 3, [1, 1, 2])
+    per_row(adv, mask, [1.0, 1.0, -1.0])  # rloo over 2 episodes (over 3 rows: 0.5, 0.5, -1.0)
+    adv, _ = episode_advantage("grpo", rewards, mask, ["p"] * 3, [1, 1, 2], norm_adv_by_std_in_grpo=False)
+    per_row(adv, mask, [0.5, 0.5, -0.5])  # (over 3 rows: 1/3, 1/3, -2/3)
+
+
+def test_without_chains_or_with_a_per_row_estimator_episode_advantage_is_compute_advantage() -> None:
+    rewards, mask = outcome([1.0, 0.0, 0.0, 1.0])
+    for name in ("grpo", "reinforce_plus_plus"):
+        plain, _ = compute_advantage(name, rewards, mask, ["p"] * 4)
+        close(episode_advantage(name, rewards, mask, ["p"] * 4, [0, 1, 2, 3])[0], plain)
+    chained, _ = episode_advantage("reinforce_plus_plus", rewards, mask, ["p"] * 4, [1, 1, 2, 3])
+    close(chained, compute_advantage("reinforce_plus_plus", rewards, mask, ["p"] * 4)[0])  # each chain a sequence

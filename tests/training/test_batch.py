@@ -12,6 +12,7 @@ import torch
 from asyncrl.training.batch import (
     HostRows,
     build_batch,
+    episode_rows,
     map_micro_batches,
     micro_batches,
     plan_micro_batches,
@@ -140,3 +141,16 @@ def test_micro_batches_keep_the_loss_mask_apart_from_the_attention(packed):
     for name in ("loss_mask", "response_mask"):
         back = map_micro_batches(batch, 24, lambda mb, name=name: getattr(mb, name), packed=packed)
         assert torch.equal(back, getattr(batch, name)), name
+
+
+def test_an_episodes_other_chains_are_rows_before_it_with_its_reward():
+    first = episode("e/chain0", [3, 4], [[5, 6]], [], reward=0.0)  # a chain's own reward is never read
+    last = dataclasses.replace(episode("e", [3, 9, 4], [[7], [8]], [[2]], reward=1.0), chains=[first])
+    other = episode("f", [3, 4], [[5]], [], reward=0.5)
+    groups = [dataclasses.replace(make_groups(1, 1)[0], trajectories=[last, other])]
+    batch = build_batch(groups, pad_id=0)
+    assert episode_rows(groups) == [1, 1, 2] and batch.index == [groups[0].uid] * 3
+    assert batch.responses.tolist() == [[5, 6, 0], [7, 2, 8], [5, 0, 0]]
+    assert batch.input_ids[:, : batch.prompt_width].tolist() == [[0, 3, 4], [3, 9, 4], [0, 3, 4]]
+    assert batch.token_level_scores.tolist() == [[0, 1.0, 0], [0, 0, 1.0], [0.5, 0, 0]]
+    assert batch.loss_mask.tolist() == [[1, 1, 0], [1, 0, 1], [1, 0, 0]]

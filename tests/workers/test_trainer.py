@@ -13,7 +13,7 @@ from asyncrl.training.actor import Actor
 from asyncrl.training.batch import build_batch
 from asyncrl.types import Group
 from asyncrl.workers.trainer import PPOTrainer
-from tests.training.helpers import make_groups, tiny_lm, two_episodes
+from tests.training.helpers import episode, make_groups, tiny_lm, two_episodes
 
 
 def proximal_trainer() -> PPOTrainer:
@@ -51,3 +51,17 @@ def test_a_single_turn_batch_reports_no_model_token_metrics():
     metrics = PPOTrainer(Actor(tiny_lm(), ActorConfig(), temperature=1.0, norm_length=8), AlgorithmConfig(),
                          pad_id=0).train(make_groups(), {})
     assert "actor/pg_loss" in metrics and not any(k.startswith("response_length/") for k in metrics)
+
+
+def test_an_episodes_other_chain_is_trained_with_its_episodes_advantage():
+    trainer = PPOTrainer(Actor(tiny_lm(), ActorConfig(), temperature=1.0, norm_length=8), AlgorithmConfig(), pad_id=0)
+    (group,) = two_episodes()
+    e0, e1 = group.trajectories
+    chain = episode("e0/chain0", [3, 4], [[17, 18]], [], reward=0.0)
+    groups = [dataclasses.replace(group, trajectories=[dataclasses.replace(e0, chains=[chain]), e1])]
+    batch = trainer._prepare(groups, {})
+    assert batch.responses[0, :2].tolist() == [17, 18] and batch.loss_mask[0].tolist()[:3] == [1, 1, 0]
+    a = 0.5 / (0.5 ** 0.5 + 1e-6)  # GRPO over the 2 episodes (rewards 1, 0), not the 3 rows
+    per_row = [float(batch.advantages[i][batch.loss_mask[i].bool()].unique()) for i in range(3)]
+    assert per_row == pytest.approx([a, a, -a], rel=1e-6, abs=1e-7)
+    assert "actor/pg_loss" in trainer.train(groups, {})

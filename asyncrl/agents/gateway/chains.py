@@ -10,7 +10,8 @@ the new text. A template that rewrites an earlier assistant turn (Qwen3 drops pa
 blocks) fails that test, and so does a tokenizer whose decode is not exact: the call then
 starts a NEW chain, counted (`template_rewrites`), its prompt the whole conversation rendered
 and tokenised; so does any call that extends no chain (an edited history, a sub-agent, a
-summariser). A chain's model tokens are trained (loss mask 1), everything else is context.
+summariser). A chain's model tokens are trained (loss mask 1), everything else is context; each
+chain that holds a turn is one trajectory of the episode (`asyncrl.agents.gateway.episode`).
 
 Example (tiny-tools): call 1 [user U] -> prompt ids of `<|user|>U<|end|><|assistant|>`, sampled
 `<tool_call>calculator 1+2</tool_call><|end|>`; call 2 [user U, assistant (that call), tool "3"]
@@ -27,7 +28,7 @@ from typing import Any
 
 from asyncrl.agents.episode import EpisodeBuilder
 from asyncrl.agents.gateway.chat import ApiError, ChatRequest, Message
-from asyncrl.types import Trajectory
+from asyncrl.types import FinishReason, Trajectory
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Chain:
     """The conversation so far, ending with the assistant message the last call returned."""
     raw: dict[int, str] = field(default_factory=dict)
     """Index in `messages` -> the text the model wrote for that assistant message (tokens decoded, EOS off)."""
-    finish_reason: str = "stop"
+    finish_reason: FinishReason = "stop"
     busy: bool = False
     """A call on this chain is in flight (a concurrent call cannot extend it)."""
     calls: int = 0
@@ -95,6 +96,8 @@ class ChainBook:
         chain.messages = [*req.messages, returned]
         chain.raw[len(chain.messages) - 1] = raw_text
         chain.finish_reason = turn.finish_reason
+        if chain.calls == 0:  # a chain counts once it holds a turn: one whose first call failed is no trajectory
+            self._count("chains")
         chain.calls += 1
         self.sampled[returned.key()] = len(turn.response_ids)
 
@@ -109,7 +112,6 @@ class ChainBook:
         self._count("retokenized_tokens", retokenised)
         chain = Chain(len(self.chains), EpisodeBuilder(ids), tools)
         self.chains.append(chain)
-        self._count("chains")
         return Plan(chain, ids, len(ids))
 
     def _continued_text(self, chain: Chain, req: ChatRequest) -> str | None:

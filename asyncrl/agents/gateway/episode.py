@@ -5,10 +5,13 @@
 
 `rollout.agent.entrypoint` names it. Each episode opens a session on the host's `Gateway` (an
 unguessable URL), runs the agent with a client bound to it, and closes the session when the
-agent returns. The episode's trajectory is its LAST chain (the conversation its final call
-continued: for an agent that extends its messages, the only one); chains before it are counted
-(`agent/chains` > 1) and not trained. The reward is what the agent returns (a dict: the sum of
-its terms, kept as details), or with None the run's reward function scores the chain's text.
+agent returns. An episode is one trajectory per chain (AReaL's rule), all with the episode's
+reward: the trajectory it returns is its LAST chain (the conversation its final call continued:
+for an agent that extends its messages, the only one), and the others ride along in its
+`chains`, each trained as a sequence of its own (`asyncrl.training.batch.build_batch`) while
+the group, the ledger and staleness count the episode once (`agent/chains` counts them). The
+reward is what the agent returns (a dict: the sum of its terms, kept as details), or with None
+the run's reward function scores the last chain's text.
 
 An agent's Python state cannot be checkpointed: an episode stopped midway (a stop, tail
 batching) comes back "aborted" and is restarted from its row when continued (`agent/restarts`).
@@ -94,12 +97,13 @@ class AgentEpisode:
             await api.close()
 
     async def _trajectory(self, session: AgentSession, client: EngineClient, row: PromptRow, status: str) -> Trajectory:
-        """The last chain (aborted when the run stopped the episode); an episode without a call
+        """The last chain (aborted when the run stopped the episode), the other chains in its
+        `chains` (none when aborted: the episode restarts from its row); an episode without a call
         gets one sampled token after its row's prompt, as context (mask 0), so it has a version."""
         chain = session.last
         if chain is not None:
             reason = "aborted" if client.stopped() else chain.finish_reason
-            traj = chain.builder.trajectory(client.episode_id, reason)  # type: ignore[arg-type]
+            traj = chain.builder.trajectory(client.episode_id, reason)
         elif client.stopped():
             traj = Trajectory(client.episode_id, row.prompt_ids, [], [], [], "aborted")
         else:
@@ -108,6 +112,9 @@ class AgentEpisode:
                               list(turn.versions), "aborted" if turn.finish_reason == "aborted" else "stop",
                               loss_mask=[0] * len(turn.response_ids))
         traj.episode = dict(session.trajectory_counters())
+        if chain is not None and traj.finish_reason != "aborted":
+            traj.chains = [c.builder.trajectory(f"{client.episode_id}/chain{c.index}", c.finish_reason)
+                           for c in session.book.chains if c is not chain and c.calls]
         return traj
 
     def _late_calls(self) -> int:

@@ -73,3 +73,11 @@ async def two_calls(row, client):
         done = await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
         messages += [done.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "sure?"}]
     return None
+
+
+async def edits_history(row, client):
+    """Two calls; the second asks again with the question edited (no extension of the first: a new chain)."""
+    question = row["prompt"][-1]["content"]
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": question}])
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": question + " Sure?"}])
+    return 0.75

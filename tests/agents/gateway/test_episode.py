@@ -12,9 +12,10 @@ from asyncrl.agents.episode import EngineClient
 from asyncrl.agents.gateway import AgentEpisode
 from asyncrl.config.schema import AgentConfig, MultiTurnConfig
 from asyncrl.errors import RolloutError
-from asyncrl.types import GenerationRequest, PromptRow, SamplingParams, Trajectory
+from asyncrl.training.batch import build_batch
+from asyncrl.types import GenerationRequest, Group, PromptRow, SamplingParams, Trajectory
 from tests.agents.fakes import ScriptedModel
-from tests.agents.gateway.helpers import QUESTION, TOOL_TOK, two_turns
+from tests.agents.gateway.helpers import QUESTION, TOOL_TOK, CharModel, two_turns
 
 ROW = PromptRow("u0", "long_addition", (QUESTION,), "42", prompt_ids=tuple(TOOL_TOK.encode("<|user|>Q<|end|>")))
 
@@ -25,8 +26,9 @@ def episode(fn: str, *, timeout_s: float = 30.0, window: int = 64, max_turns: in
                         max_prompt_tokens=200, template_kwargs={}, max_failure_ratio=0.5, window=window)
 
 
-def play(ep: AgentEpisode, partial: Trajectory | None = None, stopped: bool = False) -> Trajectory:
-    model = ScriptedModel(two_turns, tok=TOOL_TOK, version=7)
+def play(ep: AgentEpisode, partial: Trajectory | None = None, stopped: bool = False,
+         model: ScriptedModel | CharModel | None = None) -> Trajectory:
+    model = model or ScriptedModel(two_turns, tok=TOOL_TOK, version=7)
     client = EngineClient(GenerationRequest("ep0", ROW.prompt_ids, SamplingParams(max_tokens=96)), model, TOOL_TOK,
                           max_response_tokens=96, stopped=lambda: stopped)
     return asyncio.run(ep(ROW, client, partial))
@@ -77,3 +79,19 @@ def test_a_stopped_episode_comes_back_aborted_and_restarts_from_its_row():
     assert stopped.finish_reason == "aborted" and stopped.reward_status == ""
     resumed = play(episode("one_call"), partial=stopped)
     assert resumed.episode["agent/restarts"] == 1 and resumed.reward == 0.25 and resumed.finish_reason == "stop"
+
+
+def test_an_agent_that_edits_its_history_is_one_trajectory_per_chain_each_token_exact():
+    model = CharModel(lambda k: "<tool_call>calculator 1+2</tool_call>")  # one character a token: re-encodes otherwise
+    traj = play(episode("edits_history"), model=model)
+    assert traj.episode["agent/chains"] == 2 and traj.episode["agent/calls"] == 2
+    assert traj.episode["agent/retokenized_tokens"] == 0  # the edit drops the first answer: nothing re-tokenised
+    (first,) = traj.chains
+    for chain, sampled in zip((first, traj), model.sampled, strict=True):
+        assert list(chain.response_ids) == sampled and list(chain.loss_mask) == [1] * len(sampled)
+        assert TOOL_TOK.encode(TOOL_TOK.decode(sampled), add_special_tokens=False) != sampled
+    assert TOOL_TOK.decode(list(traj.prompt_ids)).endswith("Sure?<|end|><|assistant|>")
+    batch = build_batch([Group("u0", ROW, [traj])], pad_id=0)  # both chains trained, with the episode's reward
+    assert batch.responses[:, : len(first.response_ids)].tolist()[0] == list(first.response_ids)
+    assert batch.loss_mask.sum(-1).tolist() == [len(s) for s in model.sampled]
+    assert batch.token_level_scores.sum(-1).tolist() == [0.75, 0.75]
