@@ -218,9 +218,10 @@ def stamp(protocol: Protocol, *, sweep: bool = False) -> dict[str, Any]:
 
 def refusal(cell: dict[str, Any], protocol: Protocol, *, sweep: bool = False) -> str | None:
     """Why `cell` does not count for `protocol` (`sweep`: for its learning-rate sweep) (None: it counts)."""
-    if cell.get("protocol_hash") != stamp(protocol, sweep=sweep)["protocol_hash"]:
+    want = stamp(protocol, sweep=sweep)
+    if cell.get("protocol_hash") != want["protocol_hash"]:
         return "run under another protocol (or none: exploratory)"
-    commit = stamp(protocol, sweep=sweep)["protocol_commit"]
+    commit = want["protocol_commit"]
     if cell.get("protocol_commit") != commit:
         return f"recorded protocol commit {str(cell.get('protocol_commit'))[:10]}, not {str(commit)[:10]}"
     started = cell.get("started_at")
