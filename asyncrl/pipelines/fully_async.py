@@ -34,7 +34,6 @@ resume, so a resumed run trains exactly the prompts not yet trained.
 from __future__ import annotations
 
 import asyncio
-import statistics
 from typing import Any
 
 from asyncrl.pipelines.common import after_step, guarded, staleness_metrics, start, train, validate_before_training
@@ -58,8 +57,8 @@ class AsyncTrainer:
         self.filtered = 0
         """Prompts dynamic sampling dropped, recorded as consumed with an update."""
         self.dropped = 0
-        self.dropped_lengths: list[int] = []
-        """The response lengths of the dropped groups (`version_lag_policy=drop`): what dropping removes."""
+        self.dropped_tokens = self.dropped_responses = 0
+        """The responses of the dropped groups and their tokens (`version_lag_policy=drop`): what dropping removes."""
         self.stale_counts: dict[str, float] = {}
         """verl's cumulative `fully_async/count/stale_*_processed` counters (`staleness_metrics`)."""
 
@@ -101,7 +100,8 @@ class AsyncTrainer:
         """The pipeline's part of a checkpoint (the policy version is the synchronizer's, the
         prompts in flight are the prompt stream's): counts, the staleness budget, the queue."""
         r = self.rollouter
-        return {"dropped": self.dropped, "dropped_lengths": self.dropped_lengths, "filtered": self.filtered,
+        return {"dropped": self.dropped, "dropped_tokens": self.dropped_tokens,
+                "dropped_responses": self.dropped_responses, "filtered": self.filtered,
                 "started": r.started, "launches": r.launches,
                 "in_flight": r.in_flight, "budget_started": self.budget.started, "num_stale": self.budget.num_stale,
                 "queue": self.queue.items, "parked": r.parked, "stale_counts": self.stale_counts}
@@ -113,7 +113,7 @@ class AsyncTrainer:
         if not state:
             return
         self.dropped, self.filtered = state["dropped"], state.get("filtered", 0)
-        self.dropped_lengths = list(state.get("dropped_lengths", []))
+        self.dropped_tokens, self.dropped_responses = state.get("dropped_tokens", 0), state.get("dropped_responses", 0)
         self.rollouter.started, self.rollouter.launches = state["started"], state["launches"]
         self.budget.started = max(state["budget_started"] - state["in_flight"], 0)  # those start again
         self.budget.num_stale = state["num_stale"]
@@ -173,7 +173,8 @@ class AsyncTrainer:
         counted), or filter it (dynamic sampling)."""
         if not self.budget.admissible(group.min_version, self.version):
             self.dropped += 1
-            self.dropped_lengths += [len(t.response_ids) for t in group.trajectories]
+            self.dropped_responses += len(group.trajectories)
+            self.dropped_tokens += sum(len(t.response_ids) for t in group.trajectories)
             self.rollouter.requeue(group.row)
         elif self.filtering and len(set(group.rewards_G)) <= 1:
             filtered.append(group.row)
@@ -197,7 +198,7 @@ class AsyncTrainer:
         return (self.queue.metrics() | self.rollouter.metrics()
                 | {"trainer/idle_ratio": metrics.get("timing_s/wait_samples", 0.0) / step_s,
                    "fully_async/count/dropped_stale": self.dropped, "fully_async/count/filtered_groups": self.filtered,
-                   "fully_async/dropped/response_length_mean": statistics.fmean(self.dropped_lengths or [0]),
+                   "fully_async/dropped/response_length_mean": self.dropped_tokens / max(self.dropped_responses, 1),
                    "training/param_version": self.version})
 
     def validation_due(self, step: int) -> bool:
