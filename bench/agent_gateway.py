@@ -9,8 +9,9 @@ its prefix cache), each episode at most two model turns around one calculator ca
 
 Reported per arm (medians of `--repeats` runs, arms alternating): model calls/s, generated
 tokens/s (the model's tokens), wall time; for the endpoint: the added latency per call (the
-agent's wall time of a `create` minus the engine's time generating that call, median), and the
-client library's share of it (the agent's wall time minus the endpoint handler's), the goal
+agent's wall time of a `create` minus the engine's time generating that call, median), the
+client library's share of it (the agent's wall time minus the endpoint handler's) and the share
+of calls the in-process client answered on its direct path (`client.EpisodeOpenAI`), the goal
 being at most 5 ms or 10% of a call's wall time, whichever is larger; `agent/chains` per
 episode and `agent/retokenized_tokens` (goals: 1 and 0); the prefix cache's hit rate on chains
 (engine hit tokens over the cacheable tokens of every call after a chain's first, i.e. its
@@ -98,7 +99,7 @@ async def run_arm(arm: str, args: argparse.Namespace, model: Any, tok: Any) -> d
     rows = load_data(cfg, tok, lambda _: None)[0][:args.rows]
     if arm == "endpoint":
         timed(server, "_sample", ENGINE_S)
-        timed(server.episode.gateway, "app", HANDLER_S)  # type: ignore[attr-defined]  # the whole ASGI app
+        timed(server.episode.gateway, "answer", HANDLER_S)  # type: ignore[attr-defined]  # both client paths
     CALLS.clear()
     start = time.perf_counter()
     groups = await asyncio.gather(*(server.generate_scored(r, args.n, f"b{i}", score=False)
@@ -113,6 +114,7 @@ async def run_arm(arm: str, args: argparse.Namespace, model: Any, tok: Any) -> d
            "episodes": len(trajs), "prefix_cache_hit_tokens": stats["prefix_cache/hit_tokens"]}
     if arm == "endpoint":
         out |= endpoint_metrics(trajs, stats)
+        out["direct_path_share"] = server.episode.gateway.in_process_calls / len(CALLS)  # type: ignore[attr-defined]
     return out
 
 

@@ -30,7 +30,8 @@ from collections import deque
 from typing import Any
 
 from asyncrl.agents.episode import EngineClient
-from asyncrl.agents.gateway.server import Gateway, in_process_client
+from asyncrl.agents.gateway.client import in_process_client
+from asyncrl.agents.gateway.server import Gateway
 from asyncrl.agents.gateway.session import AgentSession
 from asyncrl.config.schema import AgentConfig, MultiTurnConfig
 from asyncrl.errors import ConfigError, RolloutError

@@ -11,8 +11,9 @@ server-sent events (the whole turn is generated first: the trained tokens are th
 
 Starlette on uvicorn: the ASGI stack FastAPI is built on, without the schema layer we do not
 need (the request is checked by `chat.parse_request` to OpenAI's error shapes). In-process
-agents reach the app with no socket (`in_process_client`); a uvicorn listener on loopback
-(`rollout.agent.host`) serves agents given a base_url (`serve`).
+agents reach it with no socket (`client.in_process_client`: plain calls straight to `answer`,
+the rest through the app); a uvicorn listener on loopback (`rollout.agent.host`) serves agents
+given a base_url (`serve`).
 Not here: what a call does (`session`), the agent's lifetime (`asyncrl.agents.gateway.episode`).
 """
 
@@ -31,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from asyncrl.agents.gateway.chat import MODEL_NAME, ApiError, parse_request
+from asyncrl.agents.gateway.chat import MODEL_NAME, ApiError, ChatRequest, Completion, parse_request
 from asyncrl.agents.gateway.session import AgentSession
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class Gateway:
         self.sessions: dict[str, AgentSession] = {}
         self.expired: OrderedDict[str, None] = OrderedDict()
         self.late_calls = 0
+        self.in_process_calls = 0
+        """Calls answered without HTTP (`client.EpisodeOpenAI`)."""
         self.app = Starlette(routes=[
             Route("/ep/{token}/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/ep/{token}/v1/models", self._models, methods=["GET"]),
@@ -85,12 +88,23 @@ class Gateway:
         return JSONResponse({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0,
                                                          "owned_by": "asyncrl"}]})
 
+    async def answer(self, token: str, body: Any, *, in_process: bool = False) -> tuple[ChatRequest, Completion]:
+        """A chat call of the episode `token`: the request checked (`parse_request`), its turn."""
+        session = self._session(token)
+        req = parse_request(body)
+        self.in_process_calls += in_process
+        return req, await session.complete(req)
+
+    def check_size(self, size: int) -> None:
+        if size > self.max_request_bytes:
+            raise ApiError(413, f"the request is {size} bytes, more than rollout.agent.max_request_bytes="
+                           f"{self.max_request_bytes}", code="request_too_large")
+
     async def _chat(self, request: Request) -> Response:
         try:
-            session = self._session(request.path_params["token"])
-            body = await self._body(request)
-            req = parse_request(body)
-            done = await session.complete(req)
+            token = request.path_params["token"]
+            self._session(token)  # an unknown episode's body is not read
+            req, done = await self.answer(token, await self._body(request))
         except ApiError as err:
             return JSONResponse(err.body(), status_code=err.status)
         if not req.stream:
@@ -98,16 +112,11 @@ class Gateway:
         return StreamingResponse(_events(done.chunks(req.include_usage)), media_type="text/event-stream")
 
     async def _body(self, request: Request) -> Any:
-        size = int(request.headers.get("content-length") or 0)
-        if size > self.max_request_bytes:
-            raise ApiError(413, f"the request is {size} bytes, more than rollout.agent.max_request_bytes="
-                           f"{self.max_request_bytes}", code="request_too_large")
+        self.check_size(int(request.headers.get("content-length") or 0))
         data = b""
         async for part in request.stream():
             data += part
-            if len(data) > self.max_request_bytes:
-                raise ApiError(413, f"the request is more than rollout.agent.max_request_bytes="
-                               f"{self.max_request_bytes} bytes", code="request_too_large")
+            self.check_size(len(data))
         try:
             return json.loads(data)
         except ValueError as exc:
@@ -143,12 +152,3 @@ async def _events(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
         yield f"data: {json.dumps(chunk)}\n\n".encode()
     yield b"data: [DONE]\n\n"
 
-
-def in_process_client(gateway: Gateway, token: str) -> Any:
-    """An `openai.AsyncOpenAI` bound to this episode that reaches the app in-process (no socket)."""
-    import httpx2
-    import openai
-
-    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=gateway.app), timeout=None)
-    return openai.AsyncOpenAI(base_url=f"http://asyncrl.local/ep/{token}/v1", api_key="asyncrl-episode",
-                              http_client=http, max_retries=0)

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from asyncrl.agents.gateway import Gateway
-from asyncrl.agents.gateway.server import in_process_client
+from asyncrl.agents.gateway.client import in_process_client
 from tests.agents.gateway.helpers import CALC, QUESTION, session
 
 
