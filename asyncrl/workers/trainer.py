@@ -235,7 +235,8 @@ class PPOTrainer:
 
     def _batch_metrics(self, batches: Sequence[TrainBatch]) -> dict[str, float]:
         """Statistics over the trained response tokens (rows for rewards) of all these prepared
-        batches; with multi-turn episodes among them, their model tokens per response too."""
+        batches, the rows trained (`training/sequences`); with multi-turn episodes among them,
+        their model tokens per response too."""
         def tokens(b: TrainBatch, values: torch.Tensor | None) -> torch.Tensor:
             assert values is not None, "prepare the batch first"
             return values[b.loss_mask.bool()]
@@ -247,6 +248,7 @@ class PPOTrainer:
         ret = cat([tokens(b, b.returns) for b in batches])
         rewards = cat([b.token_level_rewards.sum(-1) for b in batches if b.token_level_rewards is not None])
         metrics = masked_stats("critic/advantages", adv, torch.ones_like(adv))
+        metrics["training/sequences"] = float(sum(b.size for b in batches))  # an agent episode's chains: one each
         metrics |= masked_stats("critic/returns", ret, torch.ones_like(ret))
         metrics |= masked_stats("critic/rewards", rewards, torch.ones_like(rewards))
         if self.old_log_prob_source in PASS_SOURCES:
