@@ -12,6 +12,7 @@ import pytest
 
 from asyncrl.agents.gateway import Gateway
 from asyncrl.agents.gateway.client import in_process_client
+from asyncrl.agents.gateway.episode import load_agent
 from tests.agents.gateway.helpers import CALC, QUESTION, session
 
 SYSTEM = {"role": "system", "content": "You add numbers."}
@@ -120,3 +121,16 @@ def test_an_unknown_or_ended_episode_is_a_not_found_error_on_the_direct_path():
         return gw
 
     assert asyncio.run(go()).late_calls == 1
+
+
+def test_the_sdk_agent_takes_the_direct_path_on_every_call():
+    agent, _ = load_agent("examples/openai_agents_calculator.py:agent")
+
+    async def go():
+        gw = Gateway(1 << 20)
+        s = session()
+        await agent({"prompt": [QUESTION]}, in_process_client(gw, gw.open(s)))
+        return s, gw
+
+    s, gw = asyncio.run(go())
+    assert s.calls == 2 and gw.in_process_calls == 2  # the calculator call, then the answer
