@@ -1,4 +1,4 @@
-"""An agent that edits its history trains one sequence per chain in a pipeline, while groups,
+"""An agent that edits its history trains one sequence per chain in every pipeline, while groups,
 staleness and the ledger count its episode once (AReaL's rule, docs/agents.md)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ PROMPTS, N, STEPS = 4, 2, 2
 RUN = ("rollout.agent.entrypoint=tests.agents.gateway.agents:edits_history", "data.max_response_length=40",
        f"data.train_batch_size={PROMPTS}", f"rollout.n={N}", f"actor.ppo_mini_batch_size={PROMPTS}",
        f"trainer.total_training_steps={STEPS}", "trainer.val_before_train=false", "trainer.test_freq=0")
-MODES = {"colocated": (), "fully_async": ("pipeline=fully_async", f"rollout.total_rollout_steps={PROMPTS * STEPS}",
+MODES = {"colocated": (), "one_step_off": ("pipeline=one_step_off",), "fully_async": ("pipeline=fully_async", f"rollout.total_rollout_steps={PROMPTS * STEPS}",
                                           "async_training.staleness_threshold=0.5",
                                           "async_training.partial_rollout=true")}
 
