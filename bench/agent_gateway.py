@@ -5,6 +5,8 @@ Workload: the tiny-tools model on `data.task=long_addition`, `--rows` prompts x 
 its prefix cache), each episode at most two model turns around one calculator call. Arms:
 - endpoint: `AGENT` below, an agent on the `openai` client (no asyncrl in it) through the
   in-process endpoint: call, run the calculator on the returned tool call, call again;
+- endpoint_sdk: the same agent on a `with_options` copy of its client, which takes the SDK's own
+  path (its request transform, HTTP through the in-process app), as streamed calls do;
 - direct: the built-in tool episode (`rollout.multi_turn.enable`), the same turns as token ids.
 
 Reported per arm (medians of `--repeats` runs, arms alternating): model calls/s, generated
@@ -45,6 +47,8 @@ TASK = ["model.path=tiny-tools", "data.task=long_addition", "data.max_prompt_len
         "rollout.multi_turn.format=compact", "rollout.multi_turn.max_assistant_turns=2", "num_threads=1"]
 CALC = {"type": "function", "function": {"name": "calculator", "parameters": {
     "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+SDK_PATH = [False]
+"""Whether the agent takes the SDK's own path (the endpoint_sdk arm)."""
 CALLS: list[dict[str, float]] = []
 """The endpoint arm's calls: the agent's wall time, the engine's and the handler's (seconds), cached tokens."""
 ENGINE_S: dict[Any, float] = {}
@@ -54,6 +58,7 @@ HANDLER_S: dict[Any, float] = {}
 
 async def agent(row: dict[str, Any], client: Any) -> None:
     """Two calls around one calculator call, on the `openai` client only."""
+    client = client.with_options(max_retries=0) if SDK_PATH[0] else client
     messages = list(row["prompt"])
     for turn in range(2):
         start = time.perf_counter()
@@ -92,12 +97,13 @@ def timed(owner: Any, name: str, into: dict[Any, float]) -> None:
 
 
 async def run_arm(arm: str, args: argparse.Namespace, model: Any, tok: Any) -> dict[str, float]:
-    keys = [*TASK, f"rollout.agent.entrypoint={AGENT}"] if arm == "endpoint" else \
-        [*TASK, "rollout.multi_turn.enable=true"]
+    endpoint = arm.startswith("endpoint")
+    SDK_PATH[0] = arm == "endpoint_sdk"
+    keys = [*TASK, f"rollout.agent.entrypoint={AGENT}"] if endpoint else [*TASK, "rollout.multi_turn.enable=true"]
     cfg = load_config(None, [*keys, f"rollout.max_num_seqs={args.rows * args.n}", f"seed={args.seed}"])
     server = build_rollout_server(cfg, 0, model, tok)
     rows = load_data(cfg, tok, lambda _: None)[0][:args.rows]
-    if arm == "endpoint":
+    if endpoint:
         timed(server, "_sample", ENGINE_S)
         timed(server.episode.gateway, "answer", HANDLER_S)  # type: ignore[attr-defined]  # both client paths
     CALLS.clear()
@@ -112,7 +118,7 @@ async def run_arm(arm: str, args: argparse.Namespace, model: Any, tok: Any) -> d
     tokens = sum(sum(t.loss_mask) for t in trajs)
     out = {"wall_s": wall, "calls": calls, "calls_per_s": calls / wall, "tokens_per_s": tokens / wall,
            "episodes": len(trajs), "prefix_cache_hit_tokens": stats["prefix_cache/hit_tokens"]}
-    if arm == "endpoint":
+    if endpoint:
         out |= endpoint_metrics(trajs, stats)
         out["direct_path_share"] = server.episode.gateway.in_process_calls / len(CALLS)  # type: ignore[attr-defined]
     return out
@@ -140,7 +146,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.modules["bench.agent_gateway"] = sys.modules[__name__]
     model, tok = load_model(load_config(None, TASK).model, lambda _: None)
-    runs: dict[str, list[dict[str, float]]] = {"endpoint": [], "direct": []}
+    runs: dict[str, list[dict[str, float]]] = {"endpoint": [], "endpoint_sdk": [], "direct": []}
     for arm in runs:  # warm-up: imports, first allocations
         asyncio.run(run_arm(arm, argparse.Namespace(**{**vars(args), "rows": 1, "n": 2}), model, tok))
     for _ in range(args.repeats):
@@ -148,8 +154,8 @@ def main() -> None:
             runs[arm].append(asyncio.run(run_arm(arm, args, model, tok)))
             print(arm, json.dumps(runs[arm][-1]), flush=True)
     summary = {arm: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for arm, rs in runs.items()}
-    ep = summary["endpoint"]
-    ep["added_latency_goal_ms"] = max(5.0, 0.1 * ep["call_wall_ms_median"])
+    for arm in ("endpoint", "endpoint_sdk"):
+        summary[arm]["added_latency_goal_ms"] = max(5.0, 0.1 * summary[arm]["call_wall_ms_median"])
     result = {"command": "PYTHONPATH=. python bench/agent_gateway.py " + " ".join(sys.argv[1:]),
               "machine": platform.processor() or platform.machine(), "episodes": args.rows * args.n,
               "repeats": args.repeats, "summary": summary, "runs": runs}

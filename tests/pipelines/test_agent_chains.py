@@ -13,9 +13,9 @@ PROMPTS, N, STEPS = 4, 2, 2
 RUN = ("rollout.agent.entrypoint=tests.agents.gateway.agents:edits_history", "data.max_response_length=40",
        f"data.train_batch_size={PROMPTS}", f"rollout.n={N}", f"actor.ppo_mini_batch_size={PROMPTS}",
        f"trainer.total_training_steps={STEPS}", "trainer.val_before_train=false", "trainer.test_freq=0")
-MODES = {"colocated": (), "one_step_off": ("pipeline=one_step_off",), "fully_async": ("pipeline=fully_async", f"rollout.total_rollout_steps={PROMPTS * STEPS}",
-                                          "async_training.staleness_threshold=0.5",
-                                          "async_training.partial_rollout=true")}
+FULLY_ASYNC = ("pipeline=fully_async", f"rollout.total_rollout_steps={PROMPTS * STEPS}",
+               "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true")
+MODES = {"colocated": (), "one_step_off": ("pipeline=one_step_off",), "fully_async": FULLY_ASYNC}
 
 
 @pytest.mark.parametrize("mode", MODES)
