@@ -36,6 +36,8 @@ from bench.convergence import final_score, load, run_cell  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CAP = ["async_training.staleness_threshold=2", "async_training.max_version_lag=1"]
+SHARED = ["num_threads=1"]
+"""One torch thread a cell: two threads against another job on 2 cores spin in their barriers (x10-100 slower)."""
 ARMS: dict[str, tuple[str, list[str]]] = {
     "colocated": ("colocated", []),
     "drop": ("fa_stale", [*CAP, "async_training.version_lag_policy=drop"]),
@@ -48,7 +50,7 @@ SETTINGS = {"steps": 60, "batch": 16, "n": 8, "lr": 2e-4, "val_every": 10, "val_
 
 
 def cell_args(arm: str, runs_dir: Path, timeout_s: float) -> argparse.Namespace:
-    return argparse.Namespace(**SETTINGS, runs_dir=runs_dir, timeout_s=timeout_s, override=list(ARMS[arm][1]))
+    return argparse.Namespace(**SETTINGS, runs_dir=runs_dir, timeout_s=timeout_s, override=[*SHARED, *ARMS[arm][1]])
 
 
 def run(seeds: int, out: Path, runs_dir: Path, timeout_s: float) -> None:
