@@ -119,16 +119,18 @@ out. Validation counts because fully async generates while it runs (its first st
 nothing); the validation set is the same in every mode."""
 
 
-def curve(rows: list[dict[str, Any]], prompts_per_update: int) -> list[dict[str, float]]:
-    """Each validation's score, pass@k, trained prompts and wall time so far (`WALL_KEYS`)."""
-    points, wall, updates = [], 0.0, 0
+def curve(rows: list[dict[str, Any]], prompts_per_update: int, n: int) -> list[dict[str, float]]:
+    """Each validation's score, pass@k, trained prompts and wall time so far (`WALL_KEYS`). Trained
+    prompts are a step's `training/responses` / n where logged (an update may train more or fewer
+    than R groups: the lag cap's pacing, dynamic sampling), else `prompts_per_update` a step."""
+    points, wall, prompts = [], 0.0, 0.0
     for row in rows:
         wall += sum(row.get(k, 0.0) for k in WALL_KEYS)
         if "timing_s/step" in row:
-            updates += 1
+            prompts += row["training/responses"] / n if "training/responses" in row else prompts_per_update
         if "val/score/mean" in row:
             passes = [v for k, v in row.items() if "/pass@" in k]
-            points.append({"samples": updates * prompts_per_update, "wall_s": wall, "score": row["val/score/mean"],
+            points.append({"samples": prompts, "wall_s": wall, "score": row["val/score/mean"],
                            "pass": statistics.fmean(passes) if passes else None})
     return points
 
@@ -162,7 +164,7 @@ def run_cell(mode: str, task: str, seed: int, args: argparse.Namespace) -> dict[
     except RunFailed as error:
         return {**cell, **failure(mode, error, out)}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    points = curve(rows, args.batch)
+    points = curve(rows, args.batch, args.n)
     steps = [r for r in rows if "timing_s/step" in r]
     run = read_run(out)
     return {**cell, "points": points, "process_s": time.perf_counter() - start,

@@ -10,8 +10,10 @@ pre-registered, no verdict; it measures what dropping removes and what it costs.
 Per arm (mean over seeds): the groups dropped and the dropped responses' mean length (run totals:
 `fully_async/count/dropped_stale`, `fully_async/dropped/response_length_mean`), the trained
 responses' mean and 90th-percentile length and KS distance against colocated's (the sample ledger),
-the version lag, and the endpoint (the mean of a run's last 3 validations) with its paired
-difference from colocated.
+the version lag, the cell's process time (arms alternate: comparable within a run), and the
+endpoint (the mean of a run's validations over its last third of trained prompts, `WINDOW`: pacing
+trains some updates on 2R groups, so a paced run validates at other prompt counts than colocated)
+with its paired difference from colocated.
 
     PYTHONPATH=. python bench/lag_cap.py                 # 5 arms x 3 seeds, ~1-2 min a cell on 2 cores
     PYTHONPATH=. python bench/lag_cap.py --report        # the summary only
@@ -32,7 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cell_stats import ks_distance  # noqa: E402
-from bench.convergence import final_score, load, run_cell  # noqa: E402
+from bench.convergence import load, run_cell  # noqa: E402
+from bench.verdicts import endpoint  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CAP = ["async_training.staleness_threshold=2", "async_training.max_version_lag=1"]
@@ -47,6 +50,8 @@ ARMS: dict[str, tuple[str, list[str]]] = {
 }
 """Arm -> (bench/convergence.py mode, its extra keys: after the mode's, so they win)."""
 SETTINGS = {"steps": 60, "batch": 16, "n": 8, "lr": 2e-4, "val_every": 10, "val_size": 128}
+WINDOW = (640, 960)
+"""The endpoint's window of trained prompts: the last third of a run's 960."""
 
 
 def cell_args(arm: str, runs_dir: Path, timeout_s: float) -> argparse.Namespace:
@@ -69,16 +74,17 @@ def run(seeds: int, out: Path, runs_dir: Path, timeout_s: float) -> None:
 def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [c for c in cells if "points" in c]
     base = {c["seed"]: c for c in ok if c["arm"] == "colocated"}
-    out: dict[str, Any] = {"settings": SETTINGS, "label": "exploratory (issue 38 bias checks): not pre-registered",
-                           "arms": {}}
+    out: dict[str, Any] = {"settings": SETTINGS, "window_prompts": WINDOW, "arms": {},
+                           "label": "exploratory (issue 38 bias checks): not pre-registered"}
     for arm in ARMS:
         mine = [c for c in ok if c["arm"] == arm]
         if not mine:
             continue
-        diffs = [final_score(c["points"]) - final_score(base[c["seed"]]["points"]) for c in mine if c["seed"] in base]
+        diffs = [endpoint(c["points"], WINDOW) - endpoint(base[c["seed"]]["points"], WINDOW)
+                 for c in mine if c["seed"] in base]
         row: dict[str, Any] = {
             "seeds": sorted(c["seed"] for c in mine),
-            "endpoint": statistics.fmean(final_score(c["points"]) for c in mine),
+            "endpoint": statistics.fmean(endpoint(c["points"], WINDOW) for c in mine),
             "diff_vs_colocated": statistics.fmean(diffs) if diffs else None,
             "diff_sd": statistics.stdev(diffs) if len(diffs) > 1 else None,
             "trained_length_mean": statistics.fmean(c["ledger"]["length_mean"] for c in mine),
@@ -86,7 +92,8 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "version_lag_max": max(c["ledger"]["version_lag_max"] for c in mine),
             "partial_ratio": statistics.fmean(c["ledger"]["partial_ratio"] for c in mine),
             "dropped_groups": statistics.fmean(c["diagnostics"].get("fully_async/count/dropped_stale", 0.0)
-                                               for c in mine)}
+                                               for c in mine),
+            "process_s": statistics.fmean(c["process_s"] for c in mine)}
         dropped = [c["diagnostics"]["fully_async/dropped/response_length_mean"] for c in mine
                    if c["diagnostics"].get("fully_async/count/dropped_stale", 0) > 0]
         row["dropped_length_mean"] = statistics.fmean(dropped) if dropped else None
@@ -99,7 +106,7 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(summary: dict[str, Any]) -> str:
     lines = ["| arm | seeds | endpoint | vs colocated (sd) | trained length mean / p90 | KS vs colocated | lag max | "
-             "partial ratio | groups dropped | dropped length mean |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "partial ratio | groups dropped | dropped length mean | cell s |", "|---" * 11 + "|"]
     for arm, r in summary["arms"].items():
         diff = "-" if r["diff_vs_colocated"] is None or arm == "colocated" else \
             f"{r['diff_vs_colocated']:+.3f} ({r['diff_sd']:.3f})" if r["diff_sd"] is not None else \
@@ -108,7 +115,7 @@ def table(summary: dict[str, Any]) -> str:
         dropped_len = "-" if r["dropped_length_mean"] is None else f"{r['dropped_length_mean']:.1f}"
         lines.append(f"| {arm} | {len(r['seeds'])} | {r['endpoint']:.3f} | {diff} | {r['trained_length_mean']:.1f} / "
                      f"{r['trained_length_p90']:.0f} | {ks} | {r['version_lag_max']} | {r['partial_ratio']:.2f} | "
-                     f"{r['dropped_groups']:.1f} | {dropped_len} |")
+                     f"{r['dropped_groups']:.1f} | {dropped_len} | {r['process_s']:.0f} |")
     return "\n".join(lines)
 
 

@@ -10,7 +10,8 @@ from bench.lag_cap import summarize, table
 
 def cell(arm: str, seed: int, score: float, hist: list[int], dropped: float = 0.0, dropped_len: float = 0.0) -> dict:
     diag = {"fully_async/count/dropped_stale": dropped, "fully_async/dropped/response_length_mean": dropped_len}
-    return {"arm": arm, "seed": seed, "points": [{"score": score}] * 3, "diagnostics": diag,
+    points = [{"samples": 720, "score": score}, {"samples": 960, "score": score}]
+    return {"arm": arm, "seed": seed, "process_s": 60.0, "points": points, "diagnostics": diag,
             "ledger": {"length_mean": 10.0 * seed + 10, "length_p90": 30, "version_lag_max": 1, "partial_ratio": 0.0,
                        "length_hist_by_lag": {"0": hist}}}
 
