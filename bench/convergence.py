@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asyncrl.models.loading import SMOLLM2  # noqa: E402
 from asyncrl.models.task_models import COUNTDOWN, LONGTAIL  # noqa: E402
 from bench.cell_stats import read_run  # noqa: E402
-from bench.pipelines import RunFailed, failure, fresh_dir, launch, train_command  # noqa: E402
+from bench.pipelines import RunFailed, failure, fresh_dir, launch, metric_rows, train_command  # noqa: E402
 
 FA = ["pipeline=fully_async", "async_training.require_batches=1"]
 MODES: dict[str, tuple[list[str], int]] = {
@@ -120,7 +120,8 @@ nothing); the validation set is the same in every mode."""
 
 
 def curve(rows: list[dict[str, Any]], prompts_per_update: int, n: int) -> list[dict[str, float]]:
-    """Each validation's score, pass@k, trained prompts and wall time so far (`WALL_KEYS`). Trained
+    """Each validation's score, pass@k, mean response length, trained prompts and wall time so far
+    (`WALL_KEYS`). Trained
     prompts are a step's `training/responses` / n where logged (an update may train more or fewer
     than R groups: the lag cap's pacing, dynamic sampling), else `prompts_per_update` a step."""
     points, wall, prompts = [], 0.0, 0.0
@@ -131,7 +132,8 @@ def curve(rows: list[dict[str, Any]], prompts_per_update: int, n: int) -> list[d
         if "val/score/mean" in row:
             passes = [v for k, v in row.items() if "/pass@" in k]
             points.append({"samples": prompts, "wall_s": wall, "score": row["val/score/mean"],
-                           "pass": statistics.fmean(passes) if passes else None})
+                           "pass": statistics.fmean(passes) if passes else None,
+                           "length": row.get("val/response_length/mean")})
     return points
 
 
@@ -163,7 +165,7 @@ def run_cell(mode: str, task: str, seed: int, args: argparse.Namespace) -> dict[
         launch(train_command(out, keys), out, args.timeout_s)
     except RunFailed as error:
         return {**cell, **failure(mode, error, out)}
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(out)
     points = curve(rows, args.batch, args.n)
     steps = [r for r in rows if "timing_s/step" in r]
     run = read_run(out)

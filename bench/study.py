@@ -3,6 +3,7 @@ and the verdicts as that protocol defines them.
 
     PYTHONPATH=. python bench/study.py bench/protocols/longtail_plateau.yaml --plan     # cells, hours, readiness
     PYTHONPATH=. python bench/study.py bench/protocols/longtail_plateau.yaml            # run what is missing
+    PYTHONPATH=. python bench/study.py bench/protocols/longtail_plateau.yaml --shard 1/2  # the other half, beside it
     PYTHONPATH=. python bench/study.py bench/protocols/longtail_plateau.yaml --report   # the summary only
 
 A run refuses to start unless the protocol is committed, its model pinned and matching this machine's,
@@ -29,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import verdicts  # noqa: E402
 from bench.cell_stats import ks_distance  # noqa: E402
-from bench.convergence import load, mean_curve, run_cell  # noqa: E402
+from bench.convergence import curve, load, mean_curve, run_cell  # noqa: E402
+from bench.pipelines import metric_rows  # noqa: E402
 from bench.protocol import Protocol, check_model, ready, refusal, stamp  # noqa: E402
 from bench.protocol import load as load_protocol  # noqa: E402
 
@@ -52,11 +54,20 @@ def cell_args(protocol: Protocol, arm: str, runs_dir: Path, timeout_s: float,
                               override=[*body["task"].get("keys", []), *spec.get("keys", []), f"actor.lr={lr}"])
 
 
-def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float) -> None:
+def shard(text: str) -> tuple[int, int]:
+    """`--shard I/K` as (I, K)."""
+    i, _, k = text.partition("/")
+    if not (i.isdigit() and k.isdigit() and int(i) < int(k)):
+        raise argparse.ArgumentTypeError(f"{text!r}: write I/K with 0 <= I < K, e.g. --shard 0/2 and --shard 1/2")
+    return int(i), int(k)
+
+
+def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float, part: tuple[int, int] = (0, 1)) -> None:
+    """Run the cells not yet recorded (of shard `part`: every K-th cell from the I-th, in `cells` order)."""
     if problems := ready(protocol) or check_model(protocol):
         raise SystemExit("\n".join(problems))
     done = {(c["arm"], c["seed"]) for c in load(out) if refusal(c, protocol) is None}
-    todo = [c for c in cells(protocol) if c not in done]
+    todo = [c for i, c in enumerate(cells(protocol)) if c not in done and i % part[1] == part[0]]
     print(f"{protocol.body['study']}: {len(todo)} cells to run, {len(done)} done", flush=True)
     runs_dir.mkdir(parents=True, exist_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +112,7 @@ def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, An
                                       body["margin"].get("fewer_samples"))
     out.update(look=look, margin=margin, plateau=verdicts.plateau_slope(colocated, window),
                arms=arm_verdicts(protocol, finals, look, margin["margin"]),
-               trained=trained(runs, seeds))
+               trained=trained(runs, seeds, window))
     control = out["arms"][body["control"]]
     if "ci95" in control:
         low, high = control["ci95"]
@@ -128,8 +139,10 @@ def arm_verdicts(protocol: Protocol, finals: dict[str, dict[int, float]], look: 
     return out
 
 
-def trained(runs: dict[str, dict[int, dict[str, Any]]], seeds: range) -> dict[str, Any]:
-    """Per arm: partial ratio, version lag and trained lengths (mean, shift against colocated's, KS)."""
+def trained(runs: dict[str, dict[int, dict[str, Any]]], seeds: range, window: tuple[float, float]) -> dict[str, Any]:
+    """Per arm: partial ratio, version lag, trained lengths (mean, 90th percentile, KS distance from
+    colocated's, the lag-length correlation) and the validation's mean response length over the
+    endpoint window; each mean's shift against colocated's."""
     def hist(cell: dict[str, Any]) -> dict[str, list[int]]:
         return cell.get("ledger", {}).get("length_hist_by_lag") or {}
 
@@ -146,12 +159,33 @@ def trained(runs: dict[str, dict[int, dict[str, Any]]], seeds: range) -> dict[st
             ref = [runs["colocated"][s] for s in seeds]
             if all(hist(c) for c in cs + ref):
                 row["ks_vs_colocated"] = statistics.fmean(ks_distance(hist(a), hist(b)) for a, b in zip(cs, ref))
+        if corrs := [x["lag_length_corr"] for x in ledgers if x.get("lag_length_corr") is not None]:
+            row["lag_length_corr"] = statistics.fmean(corrs)
+        if all(p.get("length") is not None for c in cs for p in c["points"]):
+            row["val_length_mean"] = statistics.fmean(val_length(c["points"], window) for c in cs)
         out[arm] = row
-    if "length_mean" in out["colocated"]:
-        for row in out.values():
-            if "length_mean" in row:
-                row["length_shift"] = row["length_mean"] / out["colocated"]["length_mean"] - 1
+    for key in ("length_mean", "val_length_mean"):
+        if key in out["colocated"]:
+            for row in out.values():
+                if key in row:
+                    row[key.replace("_mean", "_shift")] = row[key] / out["colocated"][key] - 1
     return out
+
+
+def val_length(points: list[dict[str, Any]], window: tuple[float, float]) -> float:
+    """A run's mean validation response length over the endpoint window."""
+    return statistics.fmean(p["length"] for p in points if window[0] <= p["samples"] <= window[1])
+
+
+def with_val_lengths(cell: dict[str, Any]) -> dict[str, Any]:
+    """A cell recorded before its points carried the validation's mean response length, with the
+    lengths read back from its run directory where that is still there (its scores checked the same)."""
+    if all("length" in p for p in cell.get("points", [])) or not (Path(cell.get("dir", "")) / "metrics.jsonl").exists():
+        return cell
+    settings = cell["settings"]
+    again = curve(metric_rows(Path(cell["dir"])), settings["batch"], settings["n"])
+    assert [p["score"] for p in again] == [p["score"] for p in cell["points"]], f"{cell['dir']} is another run"
+    return {**cell, "points": [{**p, "length": q["length"]} for p, q in zip(cell["points"], again)]}
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -160,14 +194,15 @@ def table(summary: dict[str, Any]) -> str:
         return f"{summary['study']}: {summary['verdicts']} ({summary['admitted']} cells admitted)"
     lines = [f"{summary['study']}: look at {summary['look']['seeds']} seeds (alpha {summary['look']['alpha']}), "
              f"margin {summary['margin']['margin']:.3f}; colocated's slope {summary['plateau']}", "",
-             "| arm | endpoint | vs colocated | 90% CI | verdict | partial ratio | lag max | length shift |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| arm | endpoint | vs colocated | 90% CI | verdict | partial ratio | lag max | trained length shift "
+             "| KS | validation length shift |", "|---|---|---|---|---|---|---|---|---|---|"]
     for arm, v in summary["arms"].items():
         t = summary["trained"][arm]
-        shift = f"{t['length_shift']:+.0%}" if "length_shift" in t else "-"
+        shift, ks, val = (f"{t[k]:{f}}" if k in t else "-" for k, f in
+                          (("length_shift", "+.0%"), ("ks_vs_colocated", ".3f"), ("val_length_shift", "+.0%")))
         lines.append(f"| {arm} | {v['endpoint_mean']:.3f} | {v.get('mean_diff', 0):+.3f} | "
                      f"[{v['ci90'][0]:+.3f}, {v['ci90'][1]:+.3f}] | {v['verdict']} | {t['partial_ratio']:.2f} | "
-                     f"{t['version_lag_max']} | {shift} |")
+                     f"{t['version_lag_max']} | {shift} | {ks} | {val} |")
     return "\n".join(lines)
 
 
@@ -178,6 +213,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--report", action="store_true", help="only summarise the recorded cells")
     ap.add_argument("--runs-dir", type=Path, default=Path("/tmp/asyncrl-study"))
     ap.add_argument("--timeout-s", type=float, default=1800)
+    ap.add_argument("--shard", type=shard, default=(0, 1), metavar="I/K",
+                    help="run only every K-th cell from the I-th (0-based): K processes, one a core, share a study")
+    ap.add_argument("--add-val-lengths", action="store_true",
+                    help="give the recorded cells without the validation's response lengths those of their run "
+                         "directories, where still there (cells recorded before 2026-11-29 14:00), then report")
     args = ap.parse_args(argv)
     protocol = load_protocol(args.protocol)
     out = RESULTS / f"study_{protocol.body['study']}.jsonl"
@@ -185,8 +225,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{len(cells(protocol))} cells, budget {protocol.body['budget_cpu_hours']} CPU-hours")
         print("\n".join(ready(protocol)) or "ready")
         return
-    if not args.report:
-        run(protocol, out, args.runs_dir, args.timeout_s)
+    if args.add_val_lengths:
+        out.write_text("".join(json.dumps(with_val_lengths(c)) + "\n" for c in load(out)))
+    elif not args.report:
+        run(protocol, out, args.runs_dir, args.timeout_s, args.shard)
     summary = summarize(protocol, load(out))
     out.with_name(f"study_{protocol.body['study']}_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(table(summary))

@@ -28,11 +28,13 @@ def test_parity_docstring_example_and_the_other_verdicts() -> None:
 
 
 def test_curve_counts_trained_prompts_and_wall_time_with_validation() -> None:
-    rows = [{"step": 0, "timing_s/testing": 1.0, "val/score/mean": 0.2, "val-core/a/reward/pass@4": 0.5},
+    rows = [{"step": 0, "timing_s/testing": 1.0, "val/score/mean": 0.2, "val-core/a/reward/pass@4": 0.5,
+             "val/response_length/mean": 12.5},
             {"step": 1, "timing_s/step": 2.0},
             {"step": 2, "timing_s/step": 3.0, "timing_s/testing": 1.0, "val/score/mean": 0.4}]
-    assert curve(rows, 8, 4) == [{"samples": 0, "wall_s": 1.0, "score": 0.2, "pass": 0.5},
-                                 {"samples": 16, "wall_s": 7.0, "score": 0.4, "pass": None}]  # 8 a step, unlogged
+    # 8 prompts a step where unlogged; the second validation logged no length
+    assert curve(rows, 8, 4) == [{"samples": 0, "wall_s": 1.0, "score": 0.2, "pass": 0.5, "length": 12.5},
+                                 {"samples": 16, "wall_s": 7.0, "score": 0.4, "pass": None, "length": None}]
     paced = [{"timing_s/step": 1.0, "training/responses": 64}, {"timing_s/step": 1.0, "training/responses": 128},
              {"val/score/mean": 0.5}]  # an update that trained 32 prompts' groups, not R = 16
     assert curve(paced, 16, 4)[0]["samples"] == 48

@@ -3,6 +3,8 @@ after its commit, and the study summary reports the protocol's verdicts on synth
 
 from __future__ import annotations
 
+import argparse
+import json
 import subprocess
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -22,7 +24,7 @@ from bench.protocol import (
     set_field,
     sweep_hash,
 )
-from bench.study import cell_args, cells, summarize
+from bench.study import cell_args, cells, run, shard, summarize, table, with_val_lengths
 
 BODY = {
     "study": "synthetic", "budget_cpu_hours": 1,
@@ -106,6 +108,59 @@ def test_the_summary_reports_each_arm_as_the_protocol_defines_it() -> None:
     # one arm short of the look's seeds: no verdict yet
     short = summarize(protocol(), [c for c in results if not (c["arm"] == "one_step_off" and c["seed"] == 5)])
     assert short["look"] is None and "no look reached" in short["verdicts"]
+
+
+def test_the_summary_sets_each_arm_s_lengths_against_colocated_s() -> None:
+    def lengths(c: dict, trained: float, val: float) -> dict:
+        ledger = {"length_mean": trained, "length_p90": 2 * trained, "lag_length_corr": 0.1}
+        return {**c, "ledger": ledger, "points": [{**p, "length": val + p["samples"] / 100} for p in c["points"]]}
+
+    results = [lengths(c, 110.0 if c["arm"] == "fa_partial" else 100.0, 60.0 if c["arm"] == "fa_partial" else 50.0)
+               for c in study_cells()]
+    s = summarize(protocol(), results)
+    t = s["trained"]
+    assert "| 0.50 | 2 | +10% | - | +19% |" in table(s)  # fa_partial's row: no histograms, so no KS
+    # validation lengths over the window (100 and 200 prompts): 51 and 52 -> 51.5; fa_partial 61.5
+    assert t["colocated"]["val_length_mean"] == pytest.approx(51.5, rel=1e-12)
+    assert t["fa_partial"]["val_length_shift"] == pytest.approx(61.5 / 51.5 - 1, rel=1e-12)
+    assert t["fa_partial"]["length_shift"] == pytest.approx(0.1, rel=1e-12)
+    assert t["fa_partial"]["lag_length_corr"] == pytest.approx(0.1, rel=1e-12)
+    # a cell without the validation's lengths: none reported for its arm, the others still are
+    results[0] = study_cells()[0]
+    assert "val_length_mean" not in summarize(protocol(), results)["trained"]["colocated"]
+
+
+def test_a_recorded_cell_gets_its_validation_lengths_from_its_run(tmp_path: Path) -> None:
+    rows = [{"val/score/mean": 0.2, "val/response_length/mean": 40.0}, {"timing_s/step": 1.0},
+            {"timing_s/step": 1.0, "val/score/mean": 0.4, "val/response_length/mean": 30.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    old = {"dir": str(tmp_path), "settings": {"batch": 4, "n": 2},
+           "points": [{"samples": 0, "score": 0.2}, {"samples": 8, "score": 0.4}]}
+    assert [p["length"] for p in with_val_lengths(old)["points"]] == [40.0, 30.0]
+    gone = {**old, "dir": str(tmp_path / "gone")}
+    assert with_val_lengths(gone) == gone
+    with pytest.raises(AssertionError, match="another run"):
+        with_val_lengths({**old, "points": [{"samples": 0, "score": 0.2}, {"samples": 8, "score": 0.5}]})
+
+
+def test_shards_split_the_missing_cells_between_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.study as study
+
+    assert shard("1/2") == (1, 2)
+    for bad in ("2/2", "a/2", "1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="I/K"):
+            shard(bad)
+    ran: list[tuple[str, int]] = []
+    monkeypatch.setattr(study, "ready", lambda p: [])
+    monkeypatch.setattr(study, "check_model", lambda p: [])
+    monkeypatch.setattr(study, "run_cell", lambda mode, task, seed, args: ran.append((mode, seed)) or {"seed": seed})
+    out = tmp_path / "cells.jsonl"
+    out.write_text(json.dumps(cell("colocated", 0, 0.0)) + "\n")
+    run(protocol(), out, tmp_path, 60, (1, 2))
+    assert ran == [cells(protocol())[i] for i in range(1, 24, 2)]
+    ran.clear()
+    run(protocol(), out, tmp_path, 60, (0, 2))  # the recorded cell (index 0) is skipped
+    assert ran == [cells(protocol())[i] for i in range(2, 24, 2)]
 
 
 def test_an_arm_runs_the_protocol_settings_with_its_own_keys_last() -> None:
