@@ -63,7 +63,8 @@ def shard(text: str) -> tuple[int, int]:
 
 
 def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float, part: tuple[int, int] = (0, 1)) -> None:
-    """Run the cells not yet recorded (of shard `part`: every K-th cell from the I-th, in `cells` order)."""
+    """Run the cells not yet recorded (of shard `part`: every K-th cell from the I-th, in `cells` order),
+    but none of an arm that needs no more (`settled`: another process's cells count too)."""
     if problems := ready(protocol) or check_model(protocol):
         raise SystemExit("\n".join(problems))
     done = {(c["arm"], c["seed"]) for c in load(out) if refusal(c, protocol) is None}
@@ -72,6 +73,9 @@ def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float, part: t
     runs_dir.mkdir(parents=True, exist_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     for arm, seed in todo:
+        if arm in settled(protocol, load(out)):
+            print(f"{arm} seed {seed}: not run, the arm's verdict is in", flush=True)
+            continue
         mode, task = protocol.arm(arm)["mode"], protocol.body["task"]["name"]
         cell = run_cell(mode, task, seed, cell_args(protocol, arm, runs_dir, timeout_s))
         cell = {"arm": arm, **stamp(protocol), **cell}
@@ -79,16 +83,6 @@ def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float, part: t
             f.write(json.dumps(cell) + "\n")
         why = refusal(cell, protocol) or "admitted"
         print(f"{arm} seed {seed}: {why}, {cell.get('process_s', 0):.0f} s", flush=True)
-
-
-def current_look(protocol: Protocol, by_arm: dict[str, dict[int, float]]) -> dict[str, Any] | None:
-    """The latest look every arm has reached: its seeds 0..n-1 all recorded for every arm (None: none yet)."""
-    test = protocol.body["test"]
-    looks = test.get("looks") or [{"seeds": protocol.body["seeds"], "alpha": test["alpha"]}]
-    reached = [look for look in looks if all(set(range(look["seeds"])) <= set(s) for s in by_arm.values())]
-    if not reached:
-        return None
-    return {**reached[-1], "final": reached[-1] is looks[-1]}
 
 
 def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -103,22 +97,57 @@ def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, An
               for arm, by_seed in runs.items()}
     out: dict[str, Any] = {"study": body["study"], "protocol_hash": protocol.hash, "protocol_commit": protocol.commit,
                            "admitted": len(admitted), "refused": refused}
-    look = current_look(protocol, finals)
-    if look is None or not runs["colocated"]:
+    look, arms = sequential_verdicts(protocol, runs, finals, window)
+    if look is None:
         return {**out, "look": None, "verdicts": "none yet: no look reached (test.looks)"}
-    seeds = range(look["seeds"])
-    colocated = [runs["colocated"][s]["points"] for s in seeds]
-    margin = verdicts.relative_margin(mean_curve(colocated), window, body["margin"]["rise_fraction"],
-                                      body["margin"].get("fewer_samples"))
-    out.update(look=look, margin=margin, plateau=verdicts.plateau_slope(colocated, window),
-               arms=arm_verdicts(protocol, finals, look, margin["margin"]),
-               trained=trained(runs, seeds, window))
-    control = out["arms"][body["control"]]
+    colocated = [runs["colocated"][s]["points"] for s in range(look["seeds"])]
+    seeds_of = {"colocated": range(look["seeds"]), **{arm: range(v["look"]) for arm, v in arms.items()}}
+    out.update(look=look, margin=look.pop("margin"), plateau=verdicts.plateau_slope(colocated, window), arms=arms,
+               trained=trained(runs, seeds_of, window))
+    control = arms[body["control"]]
     if "ci95" in control:
         low, high = control["ci95"]
         out["control"] = {"ci95": control["ci95"], "contains_0": low <= 0.0 <= high,
-                          "no_wider_than_margin": high - low <= margin["margin"]}
+                          "no_wider_than_margin": high - low <= control["margin"]}
     return out
+
+
+def sequential_verdicts(protocol: Protocol, runs: dict[str, dict[int, dict[str, Any]]],
+                        finals: dict[str, dict[int, float]], window: tuple[float, float]
+                        ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Each arm's verdict, look after look (`test.looks`, group sequential): a look is reached when
+    colocated and every arm still open have its seeds 0..n-1; an arm whose verdict at an interim look is
+    anything but "inconclusive" stops there with it, and the others go on to the next look, Holm over
+    the arms still open at each. Returns the latest look reached (with colocated's margin there, and
+    `open`: the arms that need more seeds) or None, and the verdicts, each with the seeds of its look."""
+    body, test = protocol.body, protocol.body["test"]
+    looks = test.get("looks") or [{"seeds": body["seeds"], "alpha": test["alpha"]}]
+    out: dict[str, Any] = {}
+    latest, still_open = None, [arm for arm in finals if arm != "colocated"]
+    for i, look in enumerate(looks):
+        if not still_open or not all(set(range(look["seeds"])) <= set(finals[arm])
+                                     for arm in ["colocated", *still_open]):
+            break
+        colocated = mean_curve([runs["colocated"][s]["points"] for s in range(look["seeds"])])
+        margin = verdicts.relative_margin(colocated, window, body["margin"]["rise_fraction"],
+                                          body["margin"].get("fewer_samples"))
+        latest = {**look, "final": i == len(looks) - 1, "margin": margin}
+        now = arm_verdicts(protocol, {arm: finals[arm] for arm in ["colocated", *still_open]}, latest,
+                           margin["margin"])
+        out.update({arm: {**v, "look": look["seeds"]} for arm, v in now.items()})
+        still_open = [arm for arm in still_open if now[arm]["verdict"] == "inconclusive" and not latest["final"]]
+    if latest is not None:
+        latest["open"] = still_open
+    return latest, out
+
+
+def settled(protocol: Protocol, results: list[dict[str, Any]]) -> set[str]:
+    """The arms that need no more cells: those stopped at an interim look, and colocated once none is open."""
+    look = summarize(protocol, results)["look"]
+    if look is None:
+        return set()
+    arms = {a["name"] for a in protocol.body["arms"]} - set(look["open"])
+    return arms if not look["open"] else arms - {"colocated"}
 
 
 def arm_verdicts(protocol: Protocol, finals: dict[str, dict[int, float]], look: dict[str, Any],
@@ -139,16 +168,17 @@ def arm_verdicts(protocol: Protocol, finals: dict[str, dict[int, float]], look: 
     return out
 
 
-def trained(runs: dict[str, dict[int, dict[str, Any]]], seeds: range, window: tuple[float, float]) -> dict[str, Any]:
-    """Per arm: partial ratio, version lag, trained lengths (mean, 90th percentile, KS distance from
-    colocated's, the lag-length correlation) and the validation's mean response length over the
-    endpoint window; each mean's shift against colocated's."""
+def trained(runs: dict[str, dict[int, dict[str, Any]]], seeds_of: dict[str, range],
+            window: tuple[float, float]) -> dict[str, Any]:
+    """Per arm, over the seeds of its verdict (`seeds_of`): partial ratio, version lag, trained lengths
+    (mean, 90th percentile, KS distance from colocated's, the lag-length correlation) and the
+    validation's mean response length over the endpoint window; each mean's shift against colocated's."""
     def hist(cell: dict[str, Any]) -> dict[str, list[int]]:
         return cell.get("ledger", {}).get("length_hist_by_lag") or {}
 
     out = {}
-    for arm, by_seed in runs.items():
-        cs = [by_seed[s] for s in seeds]
+    for arm, seeds in seeds_of.items():
+        cs = [runs[arm][s] for s in seeds]
         ledgers = [c.get("ledger", {}) for c in cs]
         row: dict[str, Any] = {"partial_rollout": any(c.get("partial_rollout") for c in cs),
                                "partial_ratio": statistics.fmean(c.get("partial_ratio") or 0.0 for c in cs),
@@ -200,8 +230,10 @@ def table(summary: dict[str, Any]) -> str:
         t = summary["trained"][arm]
         shift, ks, val = (f"{t[k]:{f}}" if k in t else "-" for k, f in
                           (("length_shift", "+.0%"), ("ks_vs_colocated", ".3f"), ("val_length_shift", "+.0%")))
+        earlier = v["look"] != summary["look"]["seeds"]
+        at = f" (at the {v['look']}-seed look, margin {v['margin']:.3f})" if earlier else ""
         lines.append(f"| {arm} | {v['endpoint_mean']:.3f} | {v.get('mean_diff', 0):+.3f} | "
-                     f"[{v['ci90'][0]:+.3f}, {v['ci90'][1]:+.3f}] | {v['verdict']} | {t['partial_ratio']:.2f} | "
+                     f"[{v['ci90'][0]:+.3f}, {v['ci90'][1]:+.3f}] | {v['verdict']}{at} | {t['partial_ratio']:.2f} | "
                      f"{t['version_lag_max']} | {shift} | {ks} | {val} |")
     return "\n".join(lines)
 

@@ -24,7 +24,7 @@ from bench.protocol import (
     set_field,
     sweep_hash,
 )
-from bench.study import cell_args, cells, run, shard, summarize, table, with_val_lengths
+from bench.study import cell_args, cells, run, settled, shard, summarize, table, with_val_lengths
 
 BODY = {
     "study": "synthetic", "budget_cpu_hours": 1,
@@ -96,7 +96,7 @@ def test_the_summary_reports_each_arm_as_the_protocol_defines_it() -> None:
     s = summarize(protocol(), results)
     assert s["admitted"] == 24
     assert {(r["arm"], r["seed"]) for r in s["refused"]} == {("fa_partial", 7), ("colocated", 8)}
-    assert s["look"] == {"seeds": 6, "alpha": 0.05, "final": True}
+    assert s["look"] == {"seeds": 6, "alpha": 0.05, "final": True, "open": []}
     # colocated rises from 0.2 to 0.5 + mean(NOISE) = 0.500333: margin 0.15 x 0.300333
     assert s["margin"]["margin"] == pytest.approx(0.15 * 0.3003333, rel=1e-5, abs=1e-8)
     arms = s["arms"]
@@ -108,6 +108,51 @@ def test_the_summary_reports_each_arm_as_the_protocol_defines_it() -> None:
     # one arm short of the look's seeds: no verdict yet
     short = summarize(protocol(), [c for c in results if not (c["arm"] == "one_step_off" and c["seed"] == 5)])
     assert short["look"] is None and "no look reached" in short["verdicts"]
+
+
+TWO_LOOKS = {**BODY, "test": {**BODY["test"], "looks": [{"seeds": 4, "alpha": 0.005}, {"seeds": 6, "alpha": 0.045}]}}
+WIDE = [0.05, -0.05, 0.04, -0.04, 0.0, 0.001]  # fa_partial's shifts: too spread for a verdict at 4 seeds
+
+
+def two_look_cell(arm: str, seed: int) -> dict:
+    shift = {"one_step_off": -0.1, "stream_trainer": 0.0005 * (-1) ** seed, "fa_partial": WIDE[seed]}.get(arm, 0.0)
+    return {**cell(arm, seed, shift), "protocol_hash": protocol(TWO_LOOKS).hash}
+
+
+def test_an_arm_conclusive_at_the_interim_look_stops_there_and_the_others_go_on() -> None:
+    p = protocol(TWO_LOOKS)
+    interim = [two_look_cell(a["name"], s) for s in range(4) for a in BODY["arms"]]
+    s = summarize(p, interim)
+    assert s["look"]["seeds"] == 4 and s["look"]["open"] == ["fa_partial"]  # the others: worse, equivalent
+    assert s["arms"]["fa_partial"]["verdict"] == "inconclusive" and "continue" in s["arms"]["fa_partial"]["why"]
+    assert settled(p, interim) == {"one_step_off", "stream_trainer"}
+    # the final look needs seeds 4-5 of colocated and fa_partial only; Holm there is over fa_partial alone
+    final = interim + [two_look_cell(arm, s) for s in (4, 5) for arm in ("colocated", "fa_partial")]
+    s = summarize(p, final)
+    assert s["look"] == {"seeds": 6, "alpha": 0.045, "final": True, "open": []}
+    assert {arm: v["look"] for arm, v in s["arms"].items()} == {"one_step_off": 4, "stream_trainer": 4, "fa_partial": 6}
+    assert s["arms"]["fa_partial"]["p_holm"] == s["arms"]["fa_partial"]["p_two_sided"]
+    assert s["arms"]["one_step_off"]["verdict"] == "worse"
+    assert "| worse (at the 4-seed look, margin 0.045) |" in table(s)
+    assert s["trained"]["one_step_off"]["partial_ratio"] == 0.0  # over its 4 seeds: no seed 4 needed
+    assert settled(p, final) == {"colocated", "one_step_off", "fa_partial", "stream_trainer"}
+
+
+def test_the_runner_skips_the_cells_of_an_arm_whose_verdict_is_in(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.study as study
+
+    p, ran = protocol(TWO_LOOKS), []
+    monkeypatch.setattr(study, "ready", lambda p: [])
+    monkeypatch.setattr(study, "check_model", lambda p: [])
+
+    def run_cell(mode: str, task: str, seed: int, args: object) -> dict:
+        ran.append((mode, seed))
+        return {k: v for k, v in two_look_cell(mode, seed).items() if k not in ("protocol_hash", "protocol_commit")}
+
+    monkeypatch.setattr(study, "run_cell", run_cell)
+    run(p, tmp_path / "cells.jsonl", tmp_path, 60)
+    assert ran == cells(p)[:16] + [("colocated", 4), ("fa_partial", 4), ("colocated", 5), ("fa_partial", 5)]
 
 
 def test_the_summary_sets_each_arm_s_lengths_against_colocated_s() -> None:
