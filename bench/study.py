@@ -64,7 +64,8 @@ def shard(text: str) -> tuple[int, int]:
 
 def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float, part: tuple[int, int] = (0, 1)) -> None:
     """Run the cells not yet recorded (of shard `part`: every K-th cell from the I-th, in `cells` order),
-    but none of an arm that needs no more (`settled`: another process's cells count too)."""
+    but none of an arm that needs no more (`settled`: another process's cells count too); then those of
+    the secondary analysis, once the verdicts call for it (`secondary_cells`)."""
     if problems := ready(protocol) or check_model(protocol):
         raise SystemExit("\n".join(problems))
     done = {(c["arm"], c["seed"]) for c in load(out) if refusal(c, protocol) is None}
@@ -76,13 +77,46 @@ def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float, part: t
         if arm in settled(protocol, load(out)):
             print(f"{arm} seed {seed}: not run, the arm's verdict is in", flush=True)
             continue
-        mode, task = protocol.arm(arm)["mode"], protocol.body["task"]["name"]
-        cell = run_cell(mode, task, seed, cell_args(protocol, arm, runs_dir, timeout_s))
-        cell = {"arm": arm, **stamp(protocol), **cell}
-        with out.open("a") as f:
-            f.write(json.dumps(cell) + "\n")
-        why = refusal(cell, protocol) or "admitted"
-        print(f"{arm} seed {seed}: {why}, {cell.get('process_s', 0):.0f} s", flush=True)
+        record(protocol, out, {"arm": arm}, seed, cell_args(protocol, arm, runs_dir, timeout_s))
+    if "lr_sweep" not in protocol.body:
+        return
+    from bench.sweep import sweep_table  # bench/sweep.py imports this module
+
+    extra = secondary_cells(protocol, summarize(protocol, load(out)), sweep_table(protocol))[part[0]::part[1]]
+    for name, arm, lr, seed in extra:
+        if (name, seed) not in {(c["arm"], c["seed"]) for c in load(out) if refusal(c, protocol) is None}:
+            head = {"arm": name, "secondary_of": arm, "lr": lr}
+            record(protocol, out, head, seed, cell_args(protocol, arm, runs_dir, timeout_s, lr=lr))
+
+
+def record(protocol: Protocol, out: Path, head: dict[str, Any], seed: int, args: argparse.Namespace) -> None:
+    """Run one cell of arm `head["arm"]` (or of the arm it is a secondary analysis of) and append it."""
+    arm = head.get("secondary_of", head["arm"])
+    cell = run_cell(protocol.arm(arm)["mode"], protocol.body["task"]["name"], seed, args)
+    cell = {**head, **stamp(protocol), **cell}
+    with out.open("a") as f:
+        f.write(json.dumps(cell) + "\n")
+    why = refusal(cell, protocol) or "admitted"
+    print(f"{head['arm']} seed {seed}: {why}, {cell.get('process_s', 0):.0f} s", flush=True)
+
+
+def secondary_cells(protocol: Protocol, summary: dict[str, Any],
+                    sweep: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str, float, int]]:
+    """The secondary analysis `lr_sweep.rule` names: a swept arm whose verdict is "worse" reruns at its
+    own best rate of the sweep (`sweep`: arm -> rate -> mean endpoint), on the seeds of that verdict,
+    where that rate is not the protocol's. (name, arm, lr, seed) of each cell, the name `<arm>@<lr>`."""
+    if summary["look"] is None:
+        return []
+    out = []
+    for arm in protocol.body["lr_sweep"]["arms"]:
+        v = summary["arms"].get(arm)
+        if v is None or v["verdict"] != "worse" or arm in summary["look"]["open"]:
+            continue
+        rates = {lr: row["mean"] for lr, row in sweep.get(arm, {}).items() if row["mean"] is not None}
+        best = float(max(rates, key=lambda lr: rates[lr])) if rates else protocol.body["lr"]
+        if best != protocol.body["lr"]:
+            out += [(f"{arm}@{best:g}", arm, best, seed) for seed in range(v["look"])]
+    return out
 
 
 def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -104,6 +138,7 @@ def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, An
     seeds_of = {"colocated": range(look["seeds"]), **{arm: range(v["look"]) for arm, v in arms.items()}}
     out.update(look=look, margin=look.pop("margin"), plateau=verdicts.plateau_slope(colocated, window), arms=arms,
                trained=trained(runs, seeds_of, window))
+    out["secondary"] = secondary_verdicts(protocol, admitted, finals["colocated"], arms, window)
     control = arms[body["control"]]
     if "ci95" in control:
         low, high = control["ci95"]
@@ -134,11 +169,32 @@ def sequential_verdicts(protocol: Protocol, runs: dict[str, dict[int, dict[str, 
         latest = {**look, "final": i == len(looks) - 1, "margin": margin}
         now = arm_verdicts(protocol, {arm: finals[arm] for arm in ["colocated", *still_open]}, latest,
                            margin["margin"])
-        out.update({arm: {**v, "look": look["seeds"]} for arm, v in now.items()})
+        out.update({arm: {**v, "look": look["seeds"], "alpha": look["alpha"]} for arm, v in now.items()})
         still_open = [arm for arm in still_open if now[arm]["verdict"] == "inconclusive" and not latest["final"]]
     if latest is not None:
         latest["open"] = still_open
     return latest, out
+
+
+def secondary_verdicts(protocol: Protocol, admitted: list[dict[str, Any]], colocated: dict[int, float],
+                       arms: dict[str, Any], window: tuple[float, float]) -> dict[str, Any]:
+    """Each secondary arm's verdict against colocated at the margin and alpha of the verdict it follows
+    up, on that verdict's seeds (one analysis per arm: no Holm); "running" until it has them all."""
+    ends: dict[str, dict[int, float]] = {}
+    for c in admitted:
+        if "secondary_of" in c:
+            ends.setdefault(c["arm"], {})[c["seed"]] = verdicts.endpoint(c["points"], window)
+    out: dict[str, Any] = {}
+    for name, by_seed in ends.items():
+        primary, seeds = arms[name.split("@")[0]], range(arms[name.split("@")[0]]["look"])
+        if not set(seeds) <= set(by_seed):
+            out[name] = {"verdict": "running", "seeds": len(by_seed), "needs": len(seeds)}
+            continue
+        test = protocol.body["test"]
+        v = verdicts.verdict([by_seed[s] - colocated[s] for s in seeds], primary["margin"], alpha=primary["alpha"],
+                             p_adjusted=None, planned_sd=test["planned_sd"], power=test.get("power", 0.9))
+        out[name] = {**v, "endpoint_mean": statistics.fmean(by_seed[s] for s in seeds)}
+    return out
 
 
 def settled(protocol: Protocol, results: list[dict[str, Any]]) -> set[str]:

@@ -77,6 +77,11 @@ def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float) -> None
         print(f"{arm} lr {lr:g} seed {seed}: {why}, {cell.get('process_s', 0):.0f} s", flush=True)
 
 
+def sweep_table(protocol: Protocol) -> dict[str, dict[str, dict[str, Any]]]:
+    """The recorded sweep's table (`summarize`): arm -> rate -> seeds, mean endpoint, sd."""
+    return summarize(protocol, load(RESULTS / f"study_{protocol.body['study']}_sweep.jsonl"))["table"]
+
+
 def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per arm and rate: the seeds recorded and their mean endpoint; the pick once colocated's cells
     are complete at every rate (None before)."""

@@ -24,7 +24,17 @@ from bench.protocol import (
     set_field,
     sweep_hash,
 )
-from bench.study import cell_args, cells, run, settled, shard, summarize, table, with_val_lengths
+from bench.study import (
+    cell_args,
+    cells,
+    run,
+    secondary_cells,
+    settled,
+    shard,
+    summarize,
+    table,
+    with_val_lengths,
+)
 
 BODY = {
     "study": "synthetic", "budget_cpu_hours": 1,
@@ -153,6 +163,31 @@ def test_the_runner_skips_the_cells_of_an_arm_whose_verdict_is_in(tmp_path: Path
     monkeypatch.setattr(study, "run_cell", run_cell)
     run(p, tmp_path / "cells.jsonl", tmp_path, 60)
     assert ran == cells(p)[:16] + [("colocated", 4), ("fa_partial", 4), ("colocated", 5), ("fa_partial", 5)]
+
+
+def test_a_swept_arm_found_worse_reruns_at_its_own_best_rate_as_a_secondary_analysis() -> None:
+    body = {**BODY, "lr_sweep": {"arms": ["colocated", "fa_partial"]}}
+    p = protocol(body)
+
+    def stamped(c: dict) -> dict:
+        return {**c, "protocol_hash": p.hash}
+
+    results = [stamped(c) for c in study_cells() if c["arm"] != "fa_partial"]
+    results += [stamped(cell("fa_partial", s, -0.1)) for s in range(6)]
+    sweep = {"fa_partial": {"0.0001": {"mean": 0.30}, "0.0002": {"mean": 0.35}, "0.0004": {"mean": None}}}
+    s = summarize(p, results)
+    assert s["arms"]["fa_partial"]["verdict"] == "worse"
+    assert secondary_cells(p, s, sweep) == [("fa_partial@0.0002", "fa_partial", 2e-4, seed) for seed in range(6)]
+    # at its own best rate already, or not worse: nothing to rerun
+    assert secondary_cells(p, s, {"fa_partial": {"0.0001": {"mean": 0.4}}}) == []
+    assert secondary_cells(p, summarize(p, [stamped(c) for c in study_cells()]), sweep) == []
+    rerun = [{**stamped(cell("fa_partial", seed, 0.0)), "arm": "fa_partial@0.0002", "secondary_of": "fa_partial",
+              "lr": 2e-4} for seed in range(6)]
+    assert summarize(p, results + rerun[:3])["secondary"] == {
+        "fa_partial@0.0002": {"verdict": "running", "seeds": 3, "needs": 6}}
+    s = summarize(p, results + rerun)
+    assert s["secondary"]["fa_partial@0.0002"]["verdict"] == "equivalent"
+    assert s["arms"]["fa_partial"]["verdict"] == "worse"  # the primary verdict stands
 
 
 def test_the_summary_sets_each_arm_s_lengths_against_colocated_s() -> None:
