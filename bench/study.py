@@ -10,10 +10,14 @@ A run refuses to start unless the protocol is committed, its model pinned and ma
 and its lr set (`bench/protocol.py`). Cells run arm after arm within a seed, seeds in order; each is
 appended to `bench/results/study_<study>.jsonl` as it finishes, with `protocol_hash`,
 `protocol_commit` and `started_at`, and a rerun skips the cells already recorded under the same
-protocol, so a study can stop and go on later. The summary counts only the cells the protocol admits
-(`protocol.refusal`: others are listed with the reason) and reports, per arm, the verdict of
-`bench/verdicts.py` at the latest look reached, the margin, colocated's slope over the endpoint window,
-the control's interval, and what was trained (partial ratio, version lag, lengths against colocated's).
+protocol, so a study can stop and go on later; `--shard I/K` lets K processes share the cells. The
+summary counts only the cells the protocol admits (`protocol.refusal`: others are listed with the
+reason) and reports, per arm, the verdict of `bench/verdicts.py` at the look it came (an arm conclusive
+at an interim look stops there, and the runner runs no more of its cells), the margin, colocated's
+slope over the endpoint window, the control's interval, what was trained (partial ratio, version lag,
+trained and validation lengths against colocated's), and the secondary analysis the protocol's
+`lr_sweep.rule` names (a swept arm found "worse" rerun at its own best rate), which the runner runs
+once the verdicts call for it.
 Not here: the exploratory matrix (`bench/convergence.py`), whose cells never count for a study.
 """
 
@@ -291,6 +295,10 @@ def table(summary: dict[str, Any]) -> str:
         lines.append(f"| {arm} | {v['endpoint_mean']:.3f} | {v.get('mean_diff', 0):+.3f} | "
                      f"[{v['ci90'][0]:+.3f}, {v['ci90'][1]:+.3f}] | {v['verdict']}{at} | {t['partial_ratio']:.2f} | "
                      f"{t['version_lag_max']} | {shift} | {ks} | {val} |")
+    for name, v in summary.get("secondary", {}).items():
+        lines.append(f"| {name} (secondary) | " + (f"{v['seeds']} of {v['needs']} seeds |" if v["verdict"] == "running"
+                     else f"{v['endpoint_mean']:.3f} | {v['mean_diff']:+.3f} | [{v['ci90'][0]:+.3f}, "
+                          f"{v['ci90'][1]:+.3f}] | {v['verdict']} |"))
     return "\n".join(lines)
 
 

@@ -188,6 +188,7 @@ def test_a_swept_arm_found_worse_reruns_at_its_own_best_rate_as_a_secondary_anal
     s = summarize(p, results + rerun)
     assert s["secondary"]["fa_partial@0.0002"]["verdict"] == "equivalent"
     assert s["arms"]["fa_partial"]["verdict"] == "worse"  # the primary verdict stands
+    assert "| fa_partial@0.0002 (secondary) | 0.500 | +0.000 |" in table(s)
 
 
 def test_the_summary_sets_each_arm_s_lengths_against_colocated_s() -> None:
