@@ -24,6 +24,7 @@ Not here: the exploratory matrix (`bench/convergence.py`), whose cells never cou
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -38,9 +39,12 @@ from bench.convergence import curve, load, mean_curve, run_cell  # noqa: E402
 from bench.pipelines import metric_rows  # noqa: E402
 from bench.protocol import Protocol, check_model, ready, refusal, stamp  # noqa: E402
 from bench.protocol import load as load_protocol  # noqa: E402
+from bench.study_plot import plot  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 """Where a study's cells (`study_<study>.jsonl`) and summary (`study_<study>_summary.json`) go."""
+IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+"""Where a study's figure goes (`bench/study_plot.py`)."""
 
 
 def cells(protocol: Protocol) -> list[tuple[str, int]]:
@@ -130,7 +134,7 @@ def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, An
                if (why := refusal(c, protocol)) is not None]
     admitted = [c for c in results if refusal(c, protocol) is None]
     window = (body["endpoint"]["window_prompts"][0], body["endpoint"]["window_prompts"][1])
-    runs = {a["name"]: {c["seed"]: c for c in admitted if c.get("arm") == a["name"]} for a in body["arms"]}
+    runs = by_arm(protocol, admitted)
     finals = {arm: {s: verdicts.endpoint(c["points"], window) for s, c in by_seed.items()}
               for arm, by_seed in runs.items()}
     out: dict[str, Any] = {"study": body["study"], "protocol_hash": protocol.hash, "protocol_commit": protocol.commit,
@@ -149,6 +153,11 @@ def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, An
         out["control"] = {"ci95": control["ci95"], "contains_0": low <= 0.0 <= high,
                           "no_wider_than_margin": high - low <= control["margin"]}
     return out
+
+
+def by_arm(protocol: Protocol, admitted: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """The admitted cells of each of the protocol's arms, by seed."""
+    return {a["name"]: {c["seed"]: c for c in admitted if c.get("arm") == a["name"]} for a in protocol.body["arms"]}
 
 
 def sequential_verdicts(protocol: Protocol, runs: dict[str, dict[int, dict[str, Any]]],
@@ -325,9 +334,16 @@ def main(argv: list[str] | None = None) -> None:
         out.write_text("".join(json.dumps(with_val_lengths(c)) + "\n" for c in load(out)))
     elif not args.report:
         run(protocol, out, args.runs_dir, args.timeout_s, args.shard)
-    summary = summarize(protocol, load(out))
+    results = load(out)
+    summary = summarize(protocol, results)
     out.with_name(f"study_{protocol.body['study']}_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(table(summary))
+    if summary["look"] is not None and importlib.util.find_spec("matplotlib") is None:
+        print("no figure: matplotlib is missing (pip install 'asyncrl[bench]')")
+    elif summary["look"] is not None:
+        admitted = [c for c in results if refusal(c, protocol) is None]
+        window = protocol.body["endpoint"]["window_prompts"]
+        print(plot(summary, by_arm(protocol, admitted), (window[0], window[1]), IMG))
 
 
 if __name__ == "__main__":
