@@ -89,7 +89,7 @@ def ks_distance(a: Mapping[str, Sequence[int]], b: Mapping[str, Sequence[int]]) 
     """The Kolmogorov-Smirnov distance between two cells' trained-length distributions (their
     histograms over all lags, at bucket resolution). Example: all of a in bucket 0, all of b in
     bucket 1 -> 1.0."""
-    ca, cb = _cdf(_merged(a)), _cdf(_merged(b))
+    ca, cb = cdf(_merged(a)), cdf(_merged(b))
     width = max(len(ca), len(cb))
     return max(abs(_at(ca, i) - _at(cb, i)) for i in range(width))
 
@@ -99,7 +99,14 @@ def _merged(hist: Mapping[str, Sequence[int]]) -> list[int]:
     return [sum(h[i] for h in hist.values() if i < len(h)) for i in range(width)]
 
 
-def _cdf(counts: Sequence[int]) -> list[float]:
+def pooled(hists: Sequence[Mapping[str, Sequence[int]]]) -> dict[str, list[int]]:
+    """Several cells' length histograms by lag pooled into one over all lags (`ks_distance`'s input).
+    Example: [{0: [2, 0], 1: [1, 1]}, {0: [0, 0, 4]}] -> {"all": [3, 1, 4]}."""
+    return {"all": _merged({f"{i}/{lag}": h for i, hist in enumerate(hists) for lag, h in hist.items()})}
+
+
+def cdf(counts: Sequence[int]) -> list[float]:
+    """The cumulative shares of a histogram's counts. Example: [3, 1] -> [0.75, 1.0]."""
     total, running, out = sum(counts), 0, []
     for c in counts:
         running += c

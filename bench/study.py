@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import verdicts  # noqa: E402
-from bench.cell_stats import ks_distance  # noqa: E402
+from bench.cell_stats import ks_distance, pooled  # noqa: E402
 from bench.convergence import curve, load, mean_curve, run_cell  # noqa: E402
 from bench.pipelines import metric_rows  # noqa: E402
 from bench.protocol import Protocol, check_model, ready, refusal, stamp  # noqa: E402
@@ -240,8 +240,10 @@ def arm_verdicts(protocol: Protocol, finals: dict[str, dict[int, float]], look: 
 def trained(runs: dict[str, dict[int, dict[str, Any]]], seeds_of: dict[str, range],
             window: tuple[float, float]) -> dict[str, Any]:
     """Per arm, over the seeds of its verdict (`seeds_of`): partial ratio, version lag, trained lengths
-    (mean, 90th percentile, KS distance from colocated's, the lag-length correlation) and the
-    validation's mean response length over the endpoint window; each mean's shift against colocated's."""
+    (mean, 90th percentile, KS distance from colocated's: seed by seed, which also measures how far two
+    runs drift apart, and pooled over the seeds, the distribution's shift; the lag-length correlation)
+    and the validation's mean response length over the endpoint window; each mean's shift against
+    colocated's."""
     def hist(cell: dict[str, Any]) -> dict[str, list[int]]:
         return cell.get("ledger", {}).get("length_hist_by_lag") or {}
 
@@ -258,6 +260,7 @@ def trained(runs: dict[str, dict[int, dict[str, Any]]], seeds_of: dict[str, rang
             ref = [runs["colocated"][s] for s in seeds]
             if all(hist(c) for c in cs + ref):
                 row["ks_vs_colocated"] = statistics.fmean(ks_distance(hist(a), hist(b)) for a, b in zip(cs, ref))
+                row["ks_pooled_vs_colocated"] = ks_distance(pooled(list(map(hist, cs))), pooled(list(map(hist, ref))))
         if corrs := [x["lag_length_corr"] for x in ledgers if x.get("lag_length_corr") is not None]:
             row["lag_length_corr"] = statistics.fmean(corrs)
         if all(p.get("length") is not None for c in cs for p in c["points"]):
@@ -294,11 +297,11 @@ def table(summary: dict[str, Any]) -> str:
     lines = [f"{summary['study']}: look at {summary['look']['seeds']} seeds (alpha {summary['look']['alpha']}), "
              f"margin {summary['margin']['margin']:.3f}; colocated's slope {summary['plateau']}", "",
              "| arm | endpoint | vs colocated | 90% CI | verdict | partial ratio | lag max | trained length shift "
-             "| KS | validation length shift |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| KS, pooled | validation length shift |", "|---|---|---|---|---|---|---|---|---|---|"]
     for arm, v in summary["arms"].items():
         t = summary["trained"][arm]
         shift, ks, val = (f"{t[k]:{f}}" if k in t else "-" for k, f in
-                          (("length_shift", "+.0%"), ("ks_vs_colocated", ".3f"), ("val_length_shift", "+.0%")))
+                          (("length_shift", "+.0%"), ("ks_pooled_vs_colocated", ".3f"), ("val_length_shift", "+.0%")))
         earlier = v["look"] != summary["look"]["seeds"]
         at = f" (at the {v['look']}-seed look, margin {v['margin']:.3f})" if earlier else ""
         lines.append(f"| {arm} | {v['endpoint_mean']:.3f} | {v.get('mean_diff', 0):+.3f} | "

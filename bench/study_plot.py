@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.cell_stats import BUCKET
+from bench.cell_stats import BUCKET, cdf, pooled
 from bench.convergence import mean_curve
 
 COLORS = {"equivalent": "tab:green", "not worse": "tab:olive", "better": "tab:blue", "worse": "tab:red",
@@ -25,17 +25,8 @@ def pooled_cdf(cells: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
     """The trained lengths of `cells` pooled over seeds and lags as a CDF: (bucket upper edges, share).
 
     Example: one cell with lag 0 [2, 0] and lag 1 [1, 1] (8-token buckets) -> ([8, 16], [0.75, 1.0])."""
-    counts: list[int] = []
-    for cell in cells:
-        for hist in (cell.get("ledger", {}).get("length_hist_by_lag") or {}).values():
-            counts += [0] * (len(hist) - len(counts))
-            for i, c in enumerate(hist):
-                counts[i] += c
-    total, running, shares = sum(counts), 0, []
-    for c in counts:
-        running += c
-        shares.append(running / total)
-    return [BUCKET * (i + 1) for i in range(len(counts))], shares
+    shares = cdf(pooled([cell.get("ledger", {}).get("length_hist_by_lag") or {} for cell in cells])["all"])
+    return [BUCKET * (i + 1) for i in range(len(shares))], shares
 
 
 def plot(summary: dict[str, Any], runs: dict[str, dict[int, dict[str, Any]]], window: tuple[float, float],

@@ -11,7 +11,7 @@ import pytest
 from asyncrl.data.tasks import make_task
 from asyncrl.pipelines.ledger import SampleLedger
 from asyncrl.types import Group, Trajectory
-from bench.cell_stats import diagnostics, ks_distance, ledger_stats
+from bench.cell_stats import cdf, diagnostics, ks_distance, ledger_stats, pooled
 
 
 def test_cumulative_counters_are_read_by_their_last_value() -> None:
@@ -53,3 +53,12 @@ def test_ks_distance_of_length_histograms() -> None:
     assert ks_distance({"0": [4, 0]}, {"0": [0, 2], "1": [0, 2]}) == pytest.approx(1.0, rel=1e-12, abs=1e-12)
     assert ks_distance({"0": [1, 1]}, {"0": [2, 2]}) == pytest.approx(0.0, rel=1e-12, abs=1e-12)
     assert ks_distance({"0": [3, 1]}, {"0": [1, 3]}) == pytest.approx(0.5, rel=1e-12, abs=1e-12)
+
+
+def test_histograms_pool_over_cells_and_lags() -> None:
+    assert pooled([{"0": [2, 0], "1": [1, 1]}, {"0": [0, 0, 4]}]) == {"all": [3, 1, 4]}  # the docstring's example
+    assert cdf([3, 1]) == [0.75, 1.0]
+    # two runs drifting apart each way: far apart seed by seed, the same distribution pooled
+    a, b = [{"0": [4, 0]}, {"0": [0, 4]}], [{"0": [0, 4]}, {"0": [4, 0]}]
+    assert [ks_distance(x, y) for x, y in zip(a, b)] == [1.0, 1.0]
+    assert ks_distance(pooled(a), pooled(b)) == 0.0

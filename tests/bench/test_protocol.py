@@ -193,19 +193,21 @@ def test_a_swept_arm_found_worse_reruns_at_its_own_best_rate_as_a_secondary_anal
 
 def test_the_summary_sets_each_arm_s_lengths_against_colocated_s() -> None:
     def lengths(c: dict, trained: float, val: float) -> dict:
-        ledger = {"length_mean": trained, "length_p90": 2 * trained, "lag_length_corr": 0.1}
+        hist = {"0": [0, 4]} if c["arm"] == "fa_partial" else {"0": [4, 0]}
+        ledger = {"length_mean": trained, "length_p90": 2 * trained, "lag_length_corr": 0.1, "length_hist_by_lag": hist}
         return {**c, "ledger": ledger, "points": [{**p, "length": val + p["samples"] / 100} for p in c["points"]]}
 
     results = [lengths(c, 110.0 if c["arm"] == "fa_partial" else 100.0, 60.0 if c["arm"] == "fa_partial" else 50.0)
                for c in study_cells()]
     s = summarize(protocol(), results)
     t = s["trained"]
-    assert "| 0.50 | 2 | +10% | - | +19% |" in table(s)  # fa_partial's row: no histograms, so no KS
+    assert "| 0.50 | 2 | +10% | 1.000 | +19% |" in table(s)  # fa_partial's row: every length one bucket up
     # validation lengths over the window (100 and 200 prompts): 51 and 52 -> 51.5; fa_partial 61.5
     assert t["colocated"]["val_length_mean"] == pytest.approx(51.5, rel=1e-12)
     assert t["fa_partial"]["val_length_shift"] == pytest.approx(61.5 / 51.5 - 1, rel=1e-12)
     assert t["fa_partial"]["length_shift"] == pytest.approx(0.1, rel=1e-12)
     assert t["fa_partial"]["lag_length_corr"] == pytest.approx(0.1, rel=1e-12)
+    assert (t["fa_partial"]["ks_pooled_vs_colocated"], t["stream_trainer"]["ks_pooled_vs_colocated"]) == (1.0, 0.0)
     # a cell without the validation's lengths: none reported for its arm, the others still are
     results[0] = study_cells()[0]
     assert "val_length_mean" not in summarize(protocol(), results)["trained"]["colocated"]
