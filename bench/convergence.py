@@ -121,9 +121,9 @@ nothing); the validation set is the same in every mode."""
 
 def curve(rows: list[dict[str, Any]], prompts_per_update: int, n: int) -> list[dict[str, float]]:
     """Each validation's score, pass@k, mean response length, trained prompts and wall time so far
-    (`WALL_KEYS`). Trained
-    prompts are a step's `training/responses` / n where logged (an update may train more or fewer
-    than R groups: the lag cap's pacing, dynamic sampling), else `prompts_per_update` a step."""
+    (`WALL_KEYS`). Trained prompts are a step's `training/responses` / n where logged (an update may
+    train more or fewer than R groups: the lag cap's pacing, dynamic sampling), else
+    `prompts_per_update` a step."""
     points, wall, prompts = [], 0.0, 0.0
     for row in rows:
         wall += sum(row.get(k, 0.0) for k in WALL_KEYS)
