@@ -194,12 +194,15 @@ def secondary_verdicts(protocol: Protocol, admitted: list[dict[str, Any]], coloc
     """Each secondary arm's verdict against colocated at the margin and alpha of the verdict it follows
     up, on that verdict's seeds (one analysis per arm: no Holm); "running" until it has them all."""
     ends: dict[str, dict[int, float]] = {}
+    of: dict[str, str] = {}
     for c in admitted:
         if "secondary_of" in c:
             ends.setdefault(c["arm"], {})[c["seed"]] = verdicts.endpoint(c["points"], window)
+            of[c["arm"]] = c["secondary_of"]
     out: dict[str, Any] = {}
     for name, by_seed in ends.items():
-        primary, seeds = arms[name.split("@")[0]], range(arms[name.split("@")[0]]["look"])
+        primary = arms[of[name]]
+        seeds = range(primary["look"])
         if not set(seeds) <= set(by_seed):
             out[name] = {"verdict": "running", "seeds": len(by_seed), "needs": len(seeds)}
             continue
