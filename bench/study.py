@@ -148,10 +148,10 @@ def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, An
                trained=trained(runs, seeds_of, window))
     out["secondary"] = secondary_verdicts(protocol, admitted, finals["colocated"], arms, window)
     control = arms[body["control"]]
-    if "ci95" in control:
-        low, high = control["ci95"]
-        out["control"] = {"ci95": control["ci95"], "contains_0": low <= 0.0 <= high,
-                          "no_wider_than_margin": high - low <= control["margin"]}
+    if "ci_two_sided" in control:
+        low, high = control["ci_two_sided"]
+        out["control"] = {"ci_two_sided": control["ci_two_sided"], "level": 1 - look["alpha"],
+                          "contains_0": low <= 0.0 <= high, "no_wider_than_margin": high - low <= control["margin"]}
     return out
 
 
@@ -299,22 +299,26 @@ def table(summary: dict[str, Any]) -> str:
         return f"{summary['study']}: {summary['verdicts']} ({summary['admitted']} cells admitted)"
     lines = [f"{summary['study']}: look at {summary['look']['seeds']} seeds (alpha {summary['look']['alpha']}), "
              f"margin {summary['margin']['margin']:.3f}; colocated's slope {summary['plateau']}", "",
-             "| arm | endpoint | vs colocated | 90% CI | verdict | partial ratio | lag max | trained length shift "
-             "| KS, pooled | validation length shift |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| arm | endpoint | vs colocated | CI (1 - 2 alpha) | verdict | partial ratio | lag max "
+             "| trained length shift | KS, pooled | validation length shift |", "|---" * 10 + "|"]
     for arm, v in summary["arms"].items():
         t = summary["trained"][arm]
         shift, ks, val = (f"{t[k]:{f}}" if k in t else "-" for k, f in
                           (("length_shift", "+.0%"), ("ks_pooled_vs_colocated", ".3f"), ("val_length_shift", "+.0%")))
         earlier = v["look"] != summary["look"]["seeds"]
         at = f" (at the {v['look']}-seed look, margin {v['margin']:.3f})" if earlier else ""
-        lines.append(f"| {arm} | {v['endpoint_mean']:.3f} | {v.get('mean_diff', 0):+.3f} | "
-                     f"[{v['ci90'][0]:+.3f}, {v['ci90'][1]:+.3f}] | {v['verdict']}{at} | {t['partial_ratio']:.2f} | "
-                     f"{t['version_lag_max']} | {shift} | {ks} | {val} |")
+        lines.append(f"| {arm} | {v['endpoint_mean']:.3f} | {v.get('mean_diff', 0):+.3f} | {interval(v)} | "
+                     f"{v['verdict']}{at} | {t['partial_ratio']:.2f} | {t['version_lag_max']} | {shift} | {ks} "
+                     f"| {val} |")
     for name, v in summary.get("secondary", {}).items():
         lines.append(f"| {name} (secondary) | " + (f"{v['seeds']} of {v['needs']} seeds |" if v["verdict"] == "running"
-                     else f"{v['endpoint_mean']:.3f} | {v['mean_diff']:+.3f} | [{v['ci90'][0]:+.3f}, "
-                          f"{v['ci90'][1]:+.3f}] | {v['verdict']} |"))
+                     else f"{v['endpoint_mean']:.3f} | {v['mean_diff']:+.3f} | {interval(v)} | {v['verdict']} |"))
     return "\n".join(lines)
+
+
+def interval(v: dict[str, Any]) -> str:
+    """A verdict's 1 - 2 alpha interval with its level (99% at an interim look's alpha of 0.005)."""
+    return f"{v['ci_level']:.0%}: [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]"
 
 
 def main(argv: list[str] | None = None) -> None:

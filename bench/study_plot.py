@@ -2,7 +2,7 @@
 `python bench/study.py <protocol> --report` where matplotlib is installed (the bench extra).
 
 Three panels: each arm's mean validation score against trained prompts over the seeds of its verdict,
-the endpoint window shaded; each arm's paired difference from colocated with its 90% interval against
+the endpoint window shaded; each arm's paired difference from colocated with its 1 - 2 alpha interval against
 the margin (the interval inside +-margin is "equivalent", above -margin "not worse"); and each arm's
 trained-length distribution (the cells' histograms pooled, as a CDF) against colocated's, the bias
 check. Not here: the verdicts themselves (`bench/study.py`, `bench/verdicts.py`).
@@ -52,13 +52,14 @@ def plot(summary: dict[str, Any], runs: dict[str, dict[int, dict[str, Any]]], wi
     arms = list(summary["arms"])
     for y, arm in enumerate(arms):
         v = summary["arms"][arm]
-        intervals.plot(v["ci90"], [y, y], color=COLORS[v["verdict"]], lw=3)
+        intervals.plot(v["ci"], [y, y], color=COLORS[v["verdict"]], lw=3)
         intervals.plot([v["mean_diff"]], [y], "o", color=COLORS[v["verdict"]])
     margin = summary["margin"]["margin"]
     for x, style in ((-margin, "--"), (0.0, ":"), (margin, "--")):
         intervals.axvline(x, color="k", ls=style, lw=1)
     intervals.set_yticks(range(len(arms)), [f"{a}: {summary['arms'][a]['verdict']}" for a in arms], fontsize=7)
-    intervals.set(xlabel="endpoint - colocated's, paired (90% CI)", title=f"verdicts at margin {margin:.3f}")
+    intervals.set(xlabel="endpoint - colocated's, paired (CI at 1 - 2 alpha of each verdict's look)",
+                  title=f"verdicts at margin {margin:.3f}")
     lengths.set(xlabel="trained response length (tokens)", ylabel="share of trained responses",
                 title="trained lengths (bias check)")
     lengths.legend(fontsize=7)

@@ -153,8 +153,8 @@ def verdict(diffs: Sequence[float], margin: float, *, alpha: float, p_adjusted: 
     p_two = d.p_two_sided()
     p_adj = p_two if p_adjusted is None else p_adjusted
     p_not_worse, p_not_better = d.p_above(-margin), d.p_below(margin)
-    out = {"n": d.n, "mean_diff": d.mean, "sd": d.sd, "ci90": list(d.interval(1 - 2 * alpha)),
-           "ci95": list(d.interval(1 - alpha)), "margin": margin, "p_two_sided": p_two, "p_holm": p_adj,
+    out = {"n": d.n, "mean_diff": d.mean, "sd": d.sd, "ci_level": 1 - 2 * alpha, "ci": list(d.interval(1 - 2 * alpha)),
+           "ci_two_sided": list(d.interval(1 - alpha)), "margin": margin, "p_two_sided": p_two, "p_holm": p_adj,
            "p_not_worse": p_not_worse, "p_equivalence": max(p_not_worse, p_not_better)}
     if max(p_not_worse, p_not_better) < alpha:
         name = "equivalent"
@@ -173,9 +173,9 @@ def inconclusive_why(d: Paired, margin: float, alpha: float, planned_sd: float, 
     """Why no verdict: the observed paired spread against the planned one, and the seeds it would need."""
     need = seeds_needed(d.sd, margin, alpha, power)
     low, high = d.interval(1 - 2 * alpha)
-    return (f"90% interval [{low:+.3f}, {high:+.3f}] crosses the margin +-{margin:.3f}; observed paired sd "
-            f"{d.sd:.3f} against the planned {planned_sd:.3f} ({d.sd / planned_sd:.1f}x): at that spread "
-            f"{need} seeds give {power:.0%} power, {d.n} ran")
+    return (f"{1 - 2 * alpha:.0%} interval [{low:+.3f}, {high:+.3f}] crosses the margin +-{margin:.3f}; "
+            f"observed paired sd {d.sd:.3f} against the planned {planned_sd:.3f} ({d.sd / planned_sd:.1f}x): "
+            f"at that spread {need} seeds give {power:.0%} power, {d.n} ran")
 
 
 def endpoint(points: Sequence[Mapping[str, float]], window: tuple[float, float]) -> float:

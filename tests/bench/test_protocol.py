@@ -144,6 +144,9 @@ def test_an_arm_conclusive_at_the_interim_look_stops_there_and_the_others_go_on(
     assert s["arms"]["fa_partial"]["p_holm"] == s["arms"]["fa_partial"]["p_two_sided"]
     assert s["arms"]["one_step_off"]["verdict"] == "worse"
     assert "| worse (at the 4-seed look, margin 0.045) |" in table(s)
+    # each interval at its own look's level: 1 - 2 x 0.005 at the interim look, 1 - 2 x 0.045 at the final one
+    assert s["arms"]["one_step_off"]["ci_level"] == pytest.approx(0.99) and "| 99%: [" in table(s)
+    assert s["arms"]["fa_partial"]["ci_level"] == pytest.approx(0.91) and "| 91%: [" in table(s)
     assert s["trained"]["one_step_off"]["partial_ratio"] == 0.0  # over its 4 seeds: no seed 4 needed
     assert settled(p, final) == {"colocated", "one_step_off", "fa_partial", "stream_trainer"}
 

@@ -41,7 +41,7 @@ def test_equivalent_is_tost_at_the_margin() -> None:
     v = check([0.01, -0.01, 0.0, 0.02, -0.02])
     # sd 0.0158, 90% half-width 2.132 x 0.0158 / sqrt(5) = 0.0151: inside +-0.05
     assert v["verdict"] == "equivalent"
-    assert v["ci90"] == pytest.approx([-0.015074, 0.015074], rel=1e-4, abs=1e-6)
+    assert v["ci"] == pytest.approx([-0.015074, 0.015074], rel=1e-4, abs=1e-6)
     # a significant difference inside the margin stays "equivalent", and says so
     small = check([-0.01, -0.012, -0.008, -0.011, -0.009] * 2)
     assert small["verdict"] == "equivalent" and "inside the margin" in small["note"]
@@ -50,7 +50,7 @@ def test_equivalent_is_tost_at_the_margin() -> None:
 def test_not_worse_when_the_interval_reaches_past_the_upper_margin() -> None:
     v = check([0.10, -0.02, 0.09, -0.01, 0.08, 0.0, 0.07, -0.015])
     # 90% interval [+0.002, +0.072]: above -0.05 but past +0.05, and not significant two-sided (p 0.087)
-    assert v["verdict"] == "not worse" and v["ci90"][1] > 0.05 and v["p_two_sided"] > 0.05
+    assert v["verdict"] == "not worse" and v["ci"][1] > 0.05 and v["p_two_sided"] > 0.05
 
 
 def test_better_and_worse_are_two_sided_and_holm_adjusted() -> None:
