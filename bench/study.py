@@ -16,8 +16,8 @@ reason) and reports, per arm, the verdict of `bench/verdicts.py` at the look it 
 at an interim look stops there, and the runner runs no more of its cells), the margin, colocated's
 slope over the endpoint window, the control's interval, what was trained (partial ratio, version lag,
 trained and validation lengths against colocated's), and the secondary analysis the protocol's
-`lr_sweep.rule` names (a swept arm found "worse" rerun at its own best rate), which the runner runs
-once the verdicts call for it.
+`lr_sweep.rule` names (an arm found "worse" rerun at its own best rate of the sweep; an arm the sweep
+did not cover is swept first, `bench/sweep.py`), which the runner runs once the verdicts call for it.
 Not here: the exploratory matrix (`bench/convergence.py`), whose cells never count for a study.
 """
 
@@ -28,6 +28,7 @@ import importlib.util
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,10 +89,17 @@ def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float, part: t
         record(protocol, out, {"arm": arm}, seed, cell_args(protocol, arm, runs_dir, timeout_s))
     if "lr_sweep" not in protocol.body:
         return
-    from bench.sweep import sweep_table  # bench/sweep.py imports this module
+    from bench import sweep  # bench/sweep.py imports this module
 
-    extra = secondary_cells(protocol, summarize(protocol, load(out)), sweep_table(protocol))[part[0]::part[1]]
-    for name, arm, lr, seed in extra:
+    sweep_out = out.with_name(f"{out.stem}_sweep.jsonl")
+    if arms := secondary_sweep_arms(protocol, summarize(protocol, load(out))):
+        sweep.run(protocol, sweep_out, runs_dir, timeout_s, arms=arms, part=part)
+        deadline = time.monotonic() + timeout_s  # another shard's last sweep cells
+        while time.monotonic() < deadline and any(sweep.own_best(protocol, sweep.sweep_table(protocol, sweep_out)
+                                                                 .get(arm, {})) is None for arm in arms):
+            time.sleep(30)
+    extra = secondary_cells(protocol, summarize(protocol, load(out)), sweep.sweep_table(protocol, sweep_out))
+    for name, arm, lr, seed in extra[part[0]::part[1]]:
         if (name, seed) not in {(c["arm"], c["seed"]) for c in load(out) if refusal(c, protocol) is None}:
             head = {"arm": name, "secondary_of": arm, "lr": lr}
             record(protocol, out, head, seed, cell_args(protocol, arm, runs_dir, timeout_s, lr=lr))
@@ -108,22 +116,31 @@ def record(protocol: Protocol, out: Path, head: dict[str, Any], seed: int, args:
     print(f"{head['arm']} seed {seed}: {why}, {cell.get('process_s', 0):.0f} s", flush=True)
 
 
-def secondary_cells(protocol: Protocol, summary: dict[str, Any],
-                    sweep: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str, float, int]]:
-    """The secondary analysis `lr_sweep.rule` names: a swept arm whose verdict is "worse" reruns at its
-    own best rate of the sweep (`sweep`: arm -> rate -> mean endpoint), on the seeds of that verdict,
-    where that rate is not the protocol's. (name, arm, lr, seed) of each cell, the name `<arm>@<lr>`."""
+def worse(summary: dict[str, Any]) -> list[str]:
+    """The arms whose verdict is "worse" (at the look it came, not still open)."""
     if summary["look"] is None:
         return []
+    return [arm for arm, v in summary["arms"].items() if v["verdict"] == "worse" and arm not in summary["look"]["open"]]
+
+
+def secondary_sweep_arms(protocol: Protocol, summary: dict[str, Any]) -> list[str]:
+    """The arms found "worse" that the sweep did not cover: the secondary analysis sweeps them first."""
+    return [arm for arm in worse(summary) if arm not in protocol.body["lr_sweep"]["arms"]]
+
+
+def secondary_cells(protocol: Protocol, summary: dict[str, Any],
+                    table: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str, float, int]]:
+    """The secondary analysis `lr_sweep.rule` names: an arm whose verdict is "worse" reruns at its own
+    best rate of the sweep (`table`: arm -> rate -> seeds, mean endpoint; an arm outside `lr_sweep.arms`
+    once its own sweep is complete), on the seeds of that verdict, where that rate is not the protocol's.
+    (name, arm, lr, seed) of each cell, the name `<arm>@<lr>`."""
+    from bench.sweep import own_best  # bench/sweep.py imports this module
+
     out = []
-    for arm in protocol.body["lr_sweep"]["arms"]:
-        v = summary["arms"].get(arm)
-        if v is None or v["verdict"] != "worse" or arm in summary["look"]["open"]:
-            continue
-        rates = {lr: row["mean"] for lr, row in sweep.get(arm, {}).items() if row["mean"] is not None}
-        best = float(max(rates, key=lambda lr: rates[lr])) if rates else protocol.body["lr"]
-        if best != protocol.body["lr"]:
-            out += [(f"{arm}@{best:g}", arm, best, seed) for seed in range(v["look"])]
+    for arm in worse(summary):
+        best = own_best(protocol, table.get(arm, {}))
+        if best is not None and best != protocol.body["lr"]:
+            out += [(f"{arm}@{best:g}", arm, best, seed) for seed in range(summary["arms"][arm]["look"])]
     return out
 
 

@@ -11,6 +11,8 @@ The sweep runs every `lr_sweep.arms` arm at every `lr_sweep.values` learning rat
 the main cells report on chooses nothing. The endpoint is the protocol's (same score, same window).
 The pick follows `lr_sweep.rule`: the rate whose colocated cells have the highest mean endpoint; it is
 written into the protocol with `python bench/protocol.py set-lr` and committed before the main cells.
+An arm the main cells find "worse" that `lr_sweep.arms` does not name is swept the same way afterwards
+(`bench/study.py` runs it), so that the rule's secondary analysis can rerun it at its own best rate.
 A sweep cell records the protocol's hash without `lr` (`bench/protocol.py`'s `stamp`), so it keeps
 counting after that commit; cells go to `bench/results/study_<study>_sweep.jsonl` as each finishes, and
 a rerun skips those recorded.
@@ -37,10 +39,12 @@ SPLIT = "tune"
 """The name the tuning prompts are drawn under (a task's generator is seeded by task, split and seed)."""
 
 
-def sweep_cells(protocol: Protocol) -> list[tuple[str, float, int]]:
-    """(arm, lr, seed) of every sweep cell: seed by seed, rate by rate, the arms alternating."""
+def sweep_cells(protocol: Protocol, arms: list[str] | None = None) -> list[tuple[str, float, int]]:
+    """(arm, lr, seed) of every sweep cell of `arms` (the protocol's `lr_sweep.arms`, or those the secondary
+    analysis sweeps): seed by seed, rate by rate, the arms alternating."""
     sweep = protocol.body["lr_sweep"]
-    return [(arm, float(lr), seed) for seed in sweep["seeds"] for lr in sweep["values"] for arm in sweep["arms"]]
+    arms = sweep["arms"] if arms is None else arms
+    return [(arm, float(lr), seed) for seed in sweep["seeds"] for lr in sweep["values"] for arm in arms]
 
 
 def tuning_file(protocol: Protocol, runs_dir: Path) -> Path:
@@ -58,12 +62,15 @@ def tuning_file(protocol: Protocol, runs_dir: Path) -> Path:
     return path
 
 
-def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float) -> None:
+def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float, arms: list[str] | None = None,
+        part: tuple[int, int] = (0, 1)) -> None:
+    """Run the sweep cells of `arms` (`sweep_cells`) not yet recorded; of shard `part` (every K-th from the I-th)."""
     if problems := ready(protocol, sweep=True) or check_model(protocol):
         raise SystemExit("\n".join(problems))
     done = {(c["arm"], c["lr"], c["seed"]) for c in load(out) if refusal(c, protocol, sweep=True) is None}
-    todo = [c for c in sweep_cells(protocol) if c not in done]
-    print(f"{protocol.body['study']} sweep: {len(todo)} cells to run, {len(done)} done", flush=True)
+    todo = [c for i, c in enumerate(sweep_cells(protocol, arms)) if c not in done and i % part[1] == part[0]]
+    print(f"{protocol.body['study']} sweep of {', '.join(arms or protocol.body['lr_sweep']['arms'])}: "
+          f"{len(todo)} cells to run, {len(done)} done", flush=True)
     val = tuning_file(protocol, runs_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     for arm, lr, seed in todo:
@@ -77,9 +84,20 @@ def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float) -> None
         print(f"{arm} lr {lr:g} seed {seed}: {why}, {cell.get('process_s', 0):.0f} s", flush=True)
 
 
-def sweep_table(protocol: Protocol) -> dict[str, dict[str, dict[str, Any]]]:
-    """The recorded sweep's table (`summarize`): arm -> rate -> seeds, mean endpoint, sd."""
-    return summarize(protocol, load(RESULTS / f"study_{protocol.body['study']}_sweep.jsonl"))["table"]
+def sweep_table(protocol: Protocol, out: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """The recorded sweep's table (`summarize`): arm -> rate -> seeds, mean endpoint, sd (`out`: the
+    sweep's cells, by default `bench/results/study_<study>_sweep.jsonl`)."""
+    return summarize(protocol, load(out or RESULTS / f"study_{protocol.body['study']}_sweep.jsonl"))["table"]
+
+
+def own_best(protocol: Protocol, rows: dict[str, dict[str, Any]]) -> float | None:
+    """An arm's best rate in its sweep rows (rate -> seeds, mean endpoint); None until every rate of
+    `lr_sweep.values` has every seed of `lr_sweep.seeds`."""
+    sweep = protocol.body["lr_sweep"]
+    rates = [f"{float(lr):g}" for lr in sweep["values"]]
+    if any(rows.get(lr, {}).get("seeds") != len(sweep["seeds"]) for lr in rates):
+        return None
+    return float(max(rates, key=lambda lr: rows[lr]["mean"]))
 
 
 def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -88,7 +106,9 @@ def summarize(protocol: Protocol, results: list[dict[str, Any]]) -> dict[str, An
     window = tuple(protocol.body["endpoint"]["window_prompts"])
     admitted = [c for c in results if refusal(c, protocol, sweep=True) is None]
     table: dict[str, dict[str, Any]] = {}
-    for arm, lr, _ in sweep_cells(protocol):
+    swept = protocol.body["lr_sweep"]["arms"]
+    secondary = sorted({c["arm"] for c in admitted} - set(swept))  # swept later, for the secondary analysis
+    for arm, lr, _ in sweep_cells(protocol, [*swept, *secondary]):
         ends = [verdicts.endpoint(c["points"], window) for c in admitted if c["arm"] == arm and c["lr"] == lr]
         table.setdefault(arm, {})[f"{lr:g}"] = {
             "seeds": len(ends), "mean": statistics.fmean(ends) if ends else None,

@@ -168,8 +168,14 @@ def test_the_runner_skips_the_cells_of_an_arm_whose_verdict_is_in(tmp_path: Path
     assert ran == cells(p)[:16] + [("colocated", 4), ("fa_partial", 4), ("colocated", 5), ("fa_partial", 5)]
 
 
+def rows(*means: float) -> dict:
+    """A sweep table's rows for the rates 1e-4, 2e-4 and 4e-4, each with both sweep seeds."""
+    return {lr: {"seeds": 2, "mean": m} for lr, m in zip(("0.0001", "0.0002", "0.0004"), means)}
+
+
 def test_a_swept_arm_found_worse_reruns_at_its_own_best_rate_as_a_secondary_analysis() -> None:
-    body = {**BODY, "lr_sweep": {"arms": ["colocated", "fa_partial"]}}
+    body = {**BODY, "lr_sweep": {"arms": ["colocated", "fa_partial"], "values": [1e-4, 2e-4, 4e-4],
+                                 "seeds": [100, 101]}}
     p = protocol(body)
 
     def stamped(c: dict) -> dict:
@@ -177,13 +183,14 @@ def test_a_swept_arm_found_worse_reruns_at_its_own_best_rate_as_a_secondary_anal
 
     results = [stamped(c) for c in study_cells() if c["arm"] != "fa_partial"]
     results += [stamped(cell("fa_partial", s, -0.1)) for s in range(6)]
-    sweep = {"fa_partial": {"0.0001": {"mean": 0.30}, "0.0002": {"mean": 0.35}, "0.0004": {"mean": None}}}
+    sweep = {"fa_partial": rows(0.30, 0.35, 0.32)}
     s = summarize(p, results)
     assert s["arms"]["fa_partial"]["verdict"] == "worse"
     assert secondary_cells(p, s, sweep) == [("fa_partial@0.0002", "fa_partial", 2e-4, seed) for seed in range(6)]
-    # at its own best rate already, or not worse: nothing to rerun
-    assert secondary_cells(p, s, {"fa_partial": {"0.0001": {"mean": 0.4}}}) == []
+    # at its own best rate already, not worse, or its sweep incomplete: nothing to rerun
+    assert secondary_cells(p, s, {"fa_partial": rows(0.4, 0.3, 0.3)}) == []
     assert secondary_cells(p, summarize(p, [stamped(c) for c in study_cells()]), sweep) == []
+    assert secondary_cells(p, s, {"fa_partial": {**rows(0.30, 0.35, 0.32), "0.0004": {"seeds": 1, "mean": 0.3}}}) == []
     rerun = [{**stamped(cell("fa_partial", seed, 0.0)), "arm": "fa_partial@0.0002", "secondary_of": "fa_partial",
               "lr": 2e-4} for seed in range(6)]
     assert summarize(p, results + rerun[:3])["secondary"] == {
@@ -192,6 +199,37 @@ def test_a_swept_arm_found_worse_reruns_at_its_own_best_rate_as_a_secondary_anal
     assert s["secondary"]["fa_partial@0.0002"]["verdict"] == "equivalent"
     assert s["arms"]["fa_partial"]["verdict"] == "worse"  # the primary verdict stands
     assert "| fa_partial@0.0002 (secondary) | 0.500 | +0.000 |" in table(s)
+
+
+def test_an_arm_found_worse_that_the_sweep_did_not_cover_is_swept_then_rerun_at_its_best(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.study as study
+    import bench.sweep as sweep
+
+    p = protocol({**BODY, "lr_sweep": {"arms": ["colocated"], "values": [1e-4, 2e-4], "seeds": [100, 101],
+                                       "tuning_split": {"size": 16, "seed": 7}}})
+    main, ran = {(c["arm"], c["seed"]): c for c in study_cells()}, []  # one_step_off: -0.1, "worse"
+
+    def run_cell(mode: str, task: str, seed: int, args: argparse.Namespace) -> dict:
+        ran.append((mode, args.lr, seed))
+        best = args.lr == 2e-4  # one_step_off's own best rate: at par there
+        c = {**cell(mode, 0, 0.05 if best else 0.0), "seed": seed} if seed >= 100 else \
+            cell(mode, seed, 0.0) if best else main[(mode, seed)]
+        return {k: v for k, v in c.items() if k not in ("arm", "protocol_hash", "protocol_commit")}
+
+    for module in (study, sweep):
+        monkeypatch.setattr(module, "ready", lambda p, sweep=False: [])
+        monkeypatch.setattr(module, "check_model", lambda p: [])
+        monkeypatch.setattr(module, "run_cell", run_cell)
+    monkeypatch.setattr(sweep, "tuning_file", lambda p, runs_dir: runs_dir / "tune.jsonl")
+    out = tmp_path / "study_synthetic.jsonl"
+    run(p, out, tmp_path, 60)
+    swept = [("one_step_off", lr, seed) for seed in (100, 101) for lr in (1e-4, 2e-4)]
+    assert ran == [(arm, 1e-4, seed) for arm, seed in cells(p)] + swept + [("one_step_off", 2e-4, s) for s in range(6)]
+    assert sweep.sweep_table(p, tmp_path / "study_synthetic_sweep.jsonl")["one_step_off"]["0.0002"]["seeds"] == 2
+    s = summarize(p, sweep.load(out))
+    assert s["arms"]["one_step_off"]["verdict"] == "worse"  # the primary verdict stands
+    assert s["secondary"]["one_step_off@0.0002"]["verdict"] == "equivalent"
 
 
 def test_the_summary_sets_each_arm_s_lengths_against_colocated_s() -> None:
