@@ -263,34 +263,40 @@ def trained(runs: dict[str, dict[int, dict[str, Any]]], seeds_of: dict[str, rang
     (mean, 90th percentile, KS distance from colocated's: seed by seed, which also measures how far two
     runs drift apart, and pooled over the seeds, the distribution's shift; the lag-length correlation)
     and the validation's mean response length over the endpoint window; each mean's shift against
-    colocated's."""
+    colocated's over the same seeds."""
     def hist(cell: dict[str, Any]) -> dict[str, list[int]]:
         return cell.get("ledger", {}).get("length_hist_by_lag") or {}
 
     out = {}
     for arm, seeds in seeds_of.items():
-        cs = [runs[arm][s] for s in seeds]
+        cs, ref = [runs[arm][s] for s in seeds], [runs["colocated"][s] for s in seeds]
         ledgers = [c.get("ledger", {}) for c in cs]
         row: dict[str, Any] = {"partial_rollout": any(c.get("partial_rollout") for c in cs),
                                "partial_ratio": statistics.fmean(c.get("partial_ratio") or 0.0 for c in cs),
-                               "version_lag_max": max(c.get("version_lag_max") or 0 for c in cs)}
-        if all("length_mean" in x for x in ledgers):
-            row["length_mean"] = statistics.fmean(x["length_mean"] for x in ledgers)
-            row["length_p90"] = statistics.fmean(x["length_p90"] for x in ledgers)
-            ref = [runs["colocated"][s] for s in seeds]
-            if all(hist(c) for c in cs + ref):
-                row["ks_vs_colocated"] = statistics.fmean(ks_distance(hist(a), hist(b)) for a, b in zip(cs, ref))
-                row["ks_pooled_vs_colocated"] = ks_distance(pooled(list(map(hist, cs))), pooled(list(map(hist, ref))))
+                               "version_lag_max": max(c.get("version_lag_max") or 0 for c in cs),
+                               **lengths(cs, window)}
+        if "length_mean" in row and all(hist(c) for c in cs + ref):
+            row["ks_vs_colocated"] = statistics.fmean(ks_distance(hist(a), hist(b)) for a, b in zip(cs, ref))
+            row["ks_pooled_vs_colocated"] = ks_distance(pooled(list(map(hist, cs))), pooled(list(map(hist, ref))))
         if corrs := [x["lag_length_corr"] for x in ledgers if x.get("lag_length_corr") is not None]:
             row["lag_length_corr"] = statistics.fmean(corrs)
-        if all(p.get("length") is not None for c in cs for p in c["points"]):
-            row["val_length_mean"] = statistics.fmean(val_length(c["points"], window) for c in cs)
+        colocated = lengths(ref, window)
+        for key in ("length_mean", "val_length_mean"):
+            if key in row and key in colocated:
+                row[key.replace("_mean", "_shift")] = row[key] / colocated[key] - 1
         out[arm] = row
-    for key in ("length_mean", "val_length_mean"):
-        if key in out["colocated"]:
-            for row in out.values():
-                if key in row:
-                    row[key.replace("_mean", "_shift")] = row[key] / out["colocated"][key] - 1
+    return out
+
+
+def lengths(cells: list[dict[str, Any]], window: tuple[float, float]) -> dict[str, float]:
+    """The cells' mean trained length and 90th percentile (from their ledgers) and mean validation
+    length over the endpoint window, each where every cell has it."""
+    ledgers, out = [c.get("ledger", {}) for c in cells], {}
+    if all("length_mean" in x for x in ledgers):
+        out["length_mean"] = statistics.fmean(x["length_mean"] for x in ledgers)
+        out["length_p90"] = statistics.fmean(x["length_p90"] for x in ledgers)
+    if all(p.get("length") is not None for c in cells for p in c["points"]):
+        out["val_length_mean"] = statistics.fmean(val_length(c["points"], window) for c in cells)
     return out
 
 

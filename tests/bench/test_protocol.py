@@ -254,6 +254,19 @@ def test_the_summary_sets_each_arm_s_lengths_against_colocated_s() -> None:
     assert "val_length_mean" not in summarize(protocol(), results)["trained"]["colocated"]
 
 
+def test_an_arm_s_lengths_are_set_against_colocated_s_on_the_same_seeds() -> None:
+    def ledger(c: dict) -> dict:
+        length = 200.0 if c["arm"] == "colocated" and c["seed"] >= 4 else 100.0  # colocated's seeds 4-5 run long
+        return {**c, "ledger": {"length_mean": length, "length_p90": length}}
+
+    interim = [two_look_cell(a["name"], s) for s in range(4) for a in BODY["arms"]]
+    final = interim + [two_look_cell(arm, s) for s in (4, 5) for arm in ("colocated", "fa_partial")]
+    t = summarize(protocol(TWO_LOOKS), [ledger(c) for c in final])["trained"]
+    # one_step_off stopped at 4 seeds: against colocated's seeds 0-3 (100), not 0-5 (133.3)
+    assert t["one_step_off"]["length_shift"] == pytest.approx(0.0, abs=1e-12)
+    assert t["fa_partial"]["length_shift"] == pytest.approx(100.0 / (800.0 / 6) - 1, rel=1e-12)
+
+
 def test_a_recorded_cell_gets_its_validation_lengths_from_its_run(tmp_path: Path) -> None:
     rows = [{"val/score/mean": 0.2, "val/response_length/mean": 40.0}, {"timing_s/step": 1.0},
             {"timing_s/step": 1.0, "val/score/mean": 0.4, "val/response_length/mean": 30.0}]
