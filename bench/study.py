@@ -95,8 +95,12 @@ def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float, part: t
     if arms := secondary_sweep_arms(protocol, summarize(protocol, load(out))):
         sweep.run(protocol, sweep_out, runs_dir, timeout_s, arms=arms, part=part)
         deadline = time.monotonic() + timeout_s  # another shard's last sweep cells
-        while time.monotonic() < deadline and any(sweep.own_best(protocol, sweep.sweep_table(protocol, sweep_out)
-                                                                 .get(arm, {})) is None for arm in arms):
+
+        def swept() -> bool:
+            table = sweep.sweep_table(protocol, sweep_out)
+            return all(sweep.own_best(protocol, table.get(arm, {})) is not None for arm in arms)
+
+        while not swept() and time.monotonic() < deadline:
             time.sleep(30)
     extra = secondary_cells(protocol, summarize(protocol, load(out)), sweep.sweep_table(protocol, sweep_out))
     for name, arm, lr, seed in extra[part[0]::part[1]]:

@@ -84,10 +84,9 @@ def run(protocol: Protocol, out: Path, runs_dir: Path, timeout_s: float, arms: l
         print(f"{arm} lr {lr:g} seed {seed}: {why}, {cell.get('process_s', 0):.0f} s", flush=True)
 
 
-def sweep_table(protocol: Protocol, out: Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    """The recorded sweep's table (`summarize`): arm -> rate -> seeds, mean endpoint, sd (`out`: the
-    sweep's cells, by default `bench/results/study_<study>_sweep.jsonl`)."""
-    return summarize(protocol, load(out or RESULTS / f"study_{protocol.body['study']}_sweep.jsonl"))["table"]
+def sweep_table(protocol: Protocol, out: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """The table of the sweep cells recorded in `out` (`summarize`): arm -> rate -> seeds, mean endpoint, sd."""
+    return summarize(protocol, load(out))["table"]
 
 
 def own_best(protocol: Protocol, rows: dict[str, dict[str, Any]]) -> float | None:
